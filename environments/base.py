@@ -1,0 +1,140 @@
+"""The seam every backend implements: where code runs.
+
+An :class:`Environment` is one place to run things (this machine, a container, a
+remote host). It is an async context manager: entering starts it, leaving stops it
+and removes everything it started. While open it can
+
+- run a shell command to completion (:meth:`Environment.execute`),
+- read, write and inspect files (:meth:`stat`, :meth:`read_bytes`, :meth:`write_bytes`),
+- make and remove private scratch directories,
+- start a process whose stdout and stderr are byte streams (:meth:`spawn`); the
+  returned :class:`SandboxProcess` can be waited on and killed with all it started.
+
+Paths are paths *inside* the environment. Nothing here knows about tools, frames or
+scripts: sandbox/ decides what to run, rpc/ carries the calls.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import ClassVar, Literal, Self
+
+import anyio.abc
+
+FileKind = Literal["file", "directory", "char_device", "block_device", "fifo", "socket", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What a finished command left: its combined output and exit code."""
+
+    output: str
+    exit_code: int
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    path: str  # the resolved path, symlinks followed
+    kind: FileKind
+    size: int
+
+
+class SandboxProcess(abc.ABC):
+    """A process started by :meth:`Environment.spawn`.
+
+    ``stdout`` and ``stderr`` yield the process's output as it comes; they end when
+    every writer has closed them.
+    """
+
+    stdout: anyio.abc.ByteReceiveStream
+    stderr: anyio.abc.ByteReceiveStream
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Wait for the process itself to exit; return its exit code (negative: signal)."""
+
+    @abc.abstractmethod
+    async def kill(self, grace: float = 2.0) -> None:
+        """Stop the process and every process it started, wherever they went.
+
+        Sends a polite termination signal first and a forceful one to whatever is still
+        alive after ``grace`` seconds. Returns when they are all gone. Safe to call
+        after the process has exited: it then removes what the process left behind.
+        """
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release the streams and handles; kills first if still running."""
+
+
+class Environment(abc.ABC):
+    """A place where code runs. See the module docstring for the contract."""
+
+    name: ClassVar[str]
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Make the environment ready; raise BackendNotAvailable or EnvironmentFailure."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop it and remove everything it started. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def python(self) -> str:
+        """The Python interpreter scripts run with, as a command name or path."""
+
+    @abc.abstractmethod
+    async def execute(
+        self, command: str, *, timeout: float | None = None, cwd: str | None = None
+    ) -> CommandResult:
+        """Run ``command`` with a POSIX shell; return its combined stdout and stderr.
+
+        On timeout the command and all it started are killed and the result has
+        ``timed_out`` set and exit code 124.
+        """
+
+    @abc.abstractmethod
+    async def stat(self, path: str) -> FileStat:
+        """Describe ``path`` (symlinks followed); raise FileNotFoundError, PermissionError."""
+
+    @abc.abstractmethod
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file, at most ``max_bytes`` of it; raise OSError subclasses."""
+
+    @abc.abstractmethod
+    async def write_bytes(
+        self, path: str, data: bytes, *, make_parents: bool = True, mode: int | None = None
+    ) -> None:
+        """Write (replace) a file, creating parent directories if asked."""
+
+    @abc.abstractmethod
+    async def make_private_dir(self, prefix: str) -> str:
+        """Create a fresh directory only the environment's user can enter (mode 0700)."""
+
+    @abc.abstractmethod
+    async def remove_tree(self, path: str) -> None:
+        """Remove a directory and everything in it; a missing path is not an error."""
+
+    @abc.abstractmethod
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+    ) -> SandboxProcess:
+        """Start ``argv`` with exactly ``env`` as its environment, stdin closed."""

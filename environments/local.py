@@ -1,0 +1,322 @@
+"""The local backend: run on this machine, as this user, in a new session.
+
+Every process this environment starts carries a marker variable in its environment,
+so that :meth:`LocalEnvironment.aclose` finds and kills all of them, even daemons
+that left the session and were reparented. A process's own :meth:`LocalProcess.kill`
+takes its descendants and every process still in its session.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import stat as stat_module
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import anyio
+import anyio.abc
+import psutil
+
+from environments.base import CommandResult, Environment, FileKind, FileStat, SandboxProcess
+from environments.capture import HeadTailBuffer
+
+MARKER_VAR = "HERMES_SANDBOX_ENV"
+DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
+TIMEOUT_EXIT_CODE = 124
+
+
+class LocalEnvironment(Environment):
+    """This machine. ``env`` is the environment every command and process starts from
+    (default: a copy of this process's); ``python`` the interpreter for scripts."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        python: str | None = None,
+        kill_grace: float = 2.0,
+    ) -> None:
+        self.marker = secrets.token_hex(12)
+        self._env = dict(os.environ if env is None else env)
+        self._env[MARKER_VAR] = self.marker
+        self._python = python or sys.executable
+        self.kill_grace = kill_grace
+        self._closed = False
+
+    @property
+    def python(self) -> str:
+        return self._python
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        marker = f"{MARKER_VAR}={self.marker}".encode()
+        await anyio.to_thread.run_sync(
+            kill_processes, lambda: _pids_with_environ(marker), self.kill_grace
+        )
+
+    def _child_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = dict(self._env if env is None else env)
+        merged[MARKER_VAR] = self.marker
+        return merged
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> LocalProcess:
+        process = await anyio.open_process(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=self._child_env(env),
+            start_new_session=True,
+        )
+        return LocalProcess(process)
+
+    async def execute(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_COMMAND_OUTPUT,
+    ) -> CommandResult:
+        process = await anyio.open_process(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=self._child_env(None),
+            start_new_session=True,
+        )
+        handle = LocalProcess(process)
+        output = HeadTailBuffer(max_output_bytes)
+        timed_out = False
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                assert process.stdout is not None
+                async for chunk in process.stdout:
+                    output.feed(chunk)
+                await process.wait()
+            timed_out = scope.cancelled_caught
+        finally:
+            with anyio.CancelScope(shield=True):
+                await handle.kill(self.kill_grace)
+                await handle.aclose()
+        text = output.getvalue().decode("utf-8", "replace")
+        if output.truncated:
+            text = (
+                output.head().decode("utf-8", "replace")
+                + f"\n... [{output.omitted} bytes of output omitted] ...\n"
+                + output.tail().decode("utf-8", "replace")
+            )
+        if timed_out:
+            return CommandResult(text, TIMEOUT_EXIT_CODE, timed_out=True)
+        code = process.returncode
+        return CommandResult(text, 128 - code if code is not None and code < 0 else code or 0)
+
+    async def stat(self, path: str) -> FileStat:
+        def _stat() -> FileStat:
+            real = os.path.realpath(path)
+            st = os.stat(real)
+            return FileStat(real, _kind(st.st_mode), st.st_size)
+
+        return await anyio.to_thread.run_sync(_stat)
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        def _read() -> bytes:
+            with open(path, "rb") as f:
+                return f.read() if max_bytes is None else f.read(max_bytes)
+
+        return await anyio.to_thread.run_sync(_read)
+
+    async def write_bytes(
+        self, path: str, data: bytes, *, make_parents: bool = True, mode: int | None = None
+    ) -> None:
+        def _write() -> None:
+            if make_parents:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+            if mode is not None:
+                os.chmod(path, mode)
+
+        await anyio.to_thread.run_sync(_write)
+
+    async def make_private_dir(self, prefix: str) -> str:
+        return tempfile.mkdtemp(prefix=prefix)  # mkdtemp makes it 0700
+
+    async def remove_tree(self, path: str) -> None:
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
+
+
+class LocalProcess(SandboxProcess):
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self._process = process
+        assert process.stdout is not None
+        self.stdout = process.stdout
+        self.stderr = process.stderr or _EmptyStream()
+        self.pid = process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    async def kill(self, grace: float = 2.0) -> None:
+        pid = self.pid
+
+        def members() -> set[int]:
+            found = _pids_in_session(pid)
+            try:
+                root = psutil.Process(pid)
+                found.update(child.pid for child in root.children(recursive=True))
+                found.add(pid)
+            except psutil.Error:
+                pass
+            return found
+
+        await anyio.to_thread.run_sync(kill_processes, members, grace)
+        if self._process.returncode is None:
+            with anyio.move_on_after(5):
+                await self._process.wait()
+
+    async def aclose(self) -> None:
+        if self._process.returncode is None:
+            await self.kill(0)
+        await self._process.aclose()
+
+
+class _EmptyStream(anyio.abc.ByteReceiveStream):
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        raise anyio.EndOfStream
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _kind(mode: int) -> FileKind:
+    if stat_module.S_ISREG(mode):
+        return "file"
+    if stat_module.S_ISDIR(mode):
+        return "directory"
+    if stat_module.S_ISCHR(mode):
+        return "char_device"
+    if stat_module.S_ISBLK(mode):
+        return "block_device"
+    if stat_module.S_ISFIFO(mode):
+        return "fifo"
+    if stat_module.S_ISSOCK(mode):
+        return "socket"
+    return "other"
+
+
+# -- finding and killing processes ---------------------------------------------------
+# Blocking helpers: called through anyio.to_thread.
+
+
+def _all_pids() -> Iterable[int]:
+    if os.path.isdir("/proc"):
+        return (int(name) for name in os.listdir("/proc") if name.isdigit())
+    return psutil.pids()
+
+
+def _pids_in_session(sid: int) -> set[int]:
+    found = set()
+    me = os.getpid()
+    for pid in _all_pids():
+        if pid == me:
+            continue
+        try:
+            if os.getsid(pid) == sid:
+                found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _pids_with_environ(marker: bytes) -> set[int]:
+    """Processes whose environment holds ``marker`` (``NAME=value`` bytes)."""
+    found = set()
+    me = os.getpid()
+    use_proc = os.path.isdir("/proc")
+    for pid in _all_pids():
+        if pid == me:
+            continue
+        try:
+            if use_proc:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    entries = f.read().split(b"\0")
+            else:
+                entries = [f"{k}={v}".encode() for k, v in psutil.Process(pid).environ().items()]
+        except (OSError, psutil.Error):
+            continue
+        if marker in entries:
+            found.add(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _freeze(collect: Callable[[], set[int]], frozen: set[int]) -> set[int]:
+    """SIGSTOP what ``collect`` finds until it finds nothing new, so nothing can fork
+    away between finding and killing."""
+    for _ in range(20):
+        new = {pid for pid in collect() if pid not in frozen}
+        if not new:
+            break
+        _signal(new, signal.SIGSTOP)
+        frozen |= new
+    return frozen
+
+
+def kill_processes(collect: Callable[[], set[int]], grace: float) -> None:
+    """Terminate every process ``collect`` finds, and what they start meanwhile.
+
+    SIGTERM first (with SIGCONT, so stopped processes can act on it), SIGKILL after
+    ``grace`` seconds for what is left. Zombies count as gone: nothing here reaps,
+    so a child of ours keeps its exit status for its parent.
+    """
+    targets = _freeze(collect, set())
+    if not targets:
+        return
+    if grace > 0:
+        _signal(targets, signal.SIGTERM)
+        _signal(targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(pid) for pid in targets):
+            time.sleep(0.01)
+    targets = _freeze(collect, {pid for pid in targets if _alive(pid)})
+    _signal(targets, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in targets):
+        time.sleep(0.005)

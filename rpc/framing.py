@@ -1,0 +1,131 @@
+"""Framing: how one message becomes bytes on a stream and back.
+
+A frame is a 4-byte unsigned big-endian length ``N`` followed by ``N`` bytes, the body,
+which is one msgpack-encoded map::
+
+    +--------+--------+--------+--------+=================================+
+    |           N (uint32, BE)          |  msgpack map, exactly N bytes    |
+    +--------+--------+--------+--------+=================================+
+
+``N`` is at least 1 and at most the receiver's cap (64 MiB unless configured). A receiver
+that reads a header over its cap stops there: it never reads or buffers the body.
+
+:class:`FrameDecoder` is sans-I/O (bytes in, messages out) so that every transport, a
+socket, a relay stream or a file, shares it. The stub side (stubs/_client.py) carries
+its own stdlib-only copy of the same few lines; docs/protocol.md is the contract both
+follow.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import msgpack
+
+from rpc.errors import ConnectionClosed, FrameError, FrameTooLarge
+
+HEADER = struct.Struct(">I")
+HEADER_SIZE = HEADER.size
+DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
+_RECEIVE_CHUNK = 256 * 1024
+
+_packer_options = {"use_bin_type": True}
+
+
+def encode_body(message: dict[str, Any]) -> bytes:
+    """Encode one message map as a frame body (msgpack, bin type for bytes)."""
+    return msgpack.packb(message, **_packer_options)
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """Encode one message map as a whole frame: header and body."""
+    body = msgpack.packb(message, **_packer_options)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes | memoryview) -> dict[str, Any]:
+    """Decode a frame body; raise :class:`FrameError` unless it is exactly one msgpack map."""
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise FrameError(f"frame body is not valid msgpack: {exc}") from exc
+    if not isinstance(message, dict):
+        raise FrameError(f"frame body is a msgpack {type(message).__name__}, not a map")
+    return message
+
+
+class FrameDecoder:
+    """Turn a byte stream, fed in arbitrary pieces, into decoded message maps.
+
+    :meth:`feed` raises :class:`FrameTooLarge` as soon as a header over the cap is seen,
+    and :class:`FrameError` for an empty frame or a body that is not a msgpack map.
+    After an error the decoder is unusable: the stream has lost sync.
+    """
+
+    __slots__ = ("_buffer", "_max_frame_size", "_need")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._buffer = bytearray()
+        self._max_frame_size = max_frame_size
+        self._need = 0  # body length of the frame being assembled, 0 while reading a header
+
+    @property
+    def pending(self) -> int:
+        """Bytes held that do not yet make a whole frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        buffer = self._buffer
+        buffer += data
+        messages = []
+        while True:
+            if not self._need:
+                if len(buffer) < HEADER_SIZE:
+                    return messages
+                (size,) = HEADER.unpack_from(buffer)
+                if size == 0:
+                    raise FrameError("frame of length 0")
+                if size > self._max_frame_size:
+                    raise FrameTooLarge(size, self._max_frame_size)
+                self._need = size
+                del buffer[:HEADER_SIZE]
+            if len(buffer) < self._need:
+                return messages
+            size, self._need = self._need, 0
+            if len(buffer) == size:
+                body = bytes(buffer)
+                buffer.clear()
+            else:
+                body = bytes(buffer[:size])
+                del buffer[:size]
+            messages.append(decode_body(body))
+
+
+class ByteReceiver(Protocol):
+    """Anything frames can be read from: an anyio byte stream, a relay channel, ..."""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes: ...
+
+
+async def iter_messages(
+    stream: ByteReceiver, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield each message read from ``stream`` until a clean end of stream.
+
+    Raises :class:`ConnectionClosed` if the stream ends inside a frame, and the
+    :class:`FrameError` family for bytes that are not frames.
+    """
+    import anyio  # local: keeps this module importable without an event loop library
+
+    decoder = FrameDecoder(max_frame_size)
+    while True:
+        try:
+            data = await stream.receive(_RECEIVE_CHUNK)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if decoder.pending or decoder._need:
+                raise ConnectionClosed("stream ended inside a frame") from None
+            return
+        for message in decoder.feed(data):
+            yield message

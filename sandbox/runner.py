@@ -1,0 +1,337 @@
+"""Running one script: stage it, serve its tool calls, enforce the limits, shape the result.
+
+This is where the layers meet: an environment from environments/ runs the script, a
+server from rpc/ answers it, the registry from tools/ does the work, and the stub from
+stubs/ is what the script imports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import secrets
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+
+from environments import Environment, SandboxProcess, get_environment_class
+from rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer, serve_unix_socket
+from sandbox.childenv import scrub_environment
+from sandbox.gate import ToolCallBudget, ToolGate
+from sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
+from sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
+from stubs import STUB_MODULE, stub_files
+from tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
+from tools.registry import ToolContext, ToolRegistry
+from tools.registry import registry as default_registry
+
+log = logging.getLogger(__name__)
+
+SCRIPT_NAME = "script.py"
+SOCKET_NAME = "rpc.sock"
+DRAIN_SECONDS = 2.0
+
+
+class RunError(Exception):
+    """A run that cannot start because of what was asked (bad tools, bad cwd, ...).
+
+    The message says what to do; the command line shows it without a traceback.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything that shapes one run. Defaults match Hermes's execute_code."""
+
+    backend: str = "local"
+    tools: Sequence[str] | None = None
+    timeout: float = 300.0
+    max_tool_calls: int = 50
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    task_id: str | None = None
+    python: str | None = None
+    max_stdout_bytes: int = MAX_STDOUT_BYTES
+    max_stderr_bytes: int = MAX_STDERR_BYTES
+    max_spill_bytes: int = MAX_SPILL_BYTES
+    spill_dir: str | None = None
+    kill_grace: float = 2.0
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    budget: ToolCallBudget | None = field(default=None, compare=False)
+
+    def validate(self) -> RunOptions:
+        if not self.timeout > 0:
+            raise RunError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        if self.max_tool_calls < 0:
+            raise RunError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        if self.cwd is not None:
+            cwd = os.path.abspath(os.path.expanduser(self.cwd))
+            if not os.path.isdir(cwd):
+                raise RunError(f"working directory does not exist or is not a directory: {cwd}")
+            return replace(self, cwd=cwd)
+        return self
+
+
+def resolve_tools(registry: ToolRegistry, requested: Sequence[str] | None) -> list[str]:
+    """The tools a run may call: the caller's list checked against the registry, or
+    every available built-in sandbox tool. Raises RunError naming what is wrong."""
+    if requested is None:
+        return [name for name in SANDBOX_TOOLS if registry.is_available(name)]
+    names = list(dict.fromkeys(n.strip() for n in requested if n.strip()))
+    blocked = [n for n in names if n in BLOCKED_TOOLS]
+    if blocked:
+        raise RunError(
+            f"{', '.join(blocked)} can never be called from inside a script; "
+            "remove it from the tools list"
+        )
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        known = ", ".join(n for n in registry.names() if n not in BLOCKED_TOOLS)
+        raise RunError(
+            f"unknown tool{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}. "
+            f"Known tools: {known}"
+        )
+    unavailable = [n for n in names if not registry.is_available(n)]
+    if unavailable:
+        details = []
+        for name in unavailable:
+            entry = registry.get(name)
+            needs = (
+                f" (needs {', '.join(entry.requires_env)})" if entry and entry.requires_env else ""
+            )
+            details.append(name + needs)
+        raise RunError(f"not available on this host: {', '.join(details)}")
+    return names
+
+
+def _error_line(stderr: str) -> str | None:
+    """The last line of a traceback ("ValueError: boom"), if stderr ends with one."""
+    for line in reversed(stderr.strip().splitlines()):
+        line = line.strip()
+        if line:
+            head = line.split(":", 1)[0]
+            if head.isidentifier() or ("." in head and head.replace(".", "").isidentifier()):
+                return line[:300]
+            return None
+    return None
+
+
+async def _pump(stream: Any, sink: CappedOutput) -> None:
+    try:
+        async for chunk in stream:
+            sink.feed(chunk)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+
+
+async def _supervise(
+    process: SandboxProcess,
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    *,
+    timeout: float,
+    kill_grace: float,
+    interrupt: anyio.Event | None,
+) -> tuple[Status, int | None]:
+    """Wait for the script within the limits; kill it and all it started; drain output."""
+    status: Status = "success"
+    exit_code: int | None = None
+    try:
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(_pump, process.stdout, stdout)
+            pumps.start_soon(_pump, process.stderr, stderr)
+            with anyio.move_on_after(timeout) as deadline:
+                async with anyio.create_task_group() as waiters:
+
+                    async def on_interrupt() -> None:
+                        nonlocal status
+                        assert interrupt is not None
+                        await interrupt.wait()
+                        status = "interrupted"
+                        waiters.cancel_scope.cancel()
+
+                    if interrupt is not None:
+                        waiters.start_soon(on_interrupt)
+                    exit_code = await process.wait()
+                    waiters.cancel_scope.cancel()
+            if deadline.cancelled_caught:
+                status = "timeout"
+            with anyio.CancelScope(shield=True):
+                await process.kill(kill_grace)  # the script's leftovers too
+            # Every writer is gone now; give the pipes a moment to deliver the rest.
+            pumps.cancel_scope.deadline = anyio.current_time() + DRAIN_SECONDS
+    finally:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+    if status == "timeout":
+        return status, TIMEOUT_EXIT_CODE
+    if status == "interrupted":
+        return status, INTERRUPTED_EXIT_CODE
+    if exit_code is not None and exit_code < 0:
+        exit_code = 128 - exit_code  # killed by a signal: report it as a shell would
+    return ("success" if exit_code == 0 else "error"), exit_code
+
+
+def _make_environment(options: RunOptions, base_env: dict[str, str]) -> Environment:
+    cls = get_environment_class(options.backend)
+    kwargs: dict[str, Any] = {"env": base_env, "kill_grace": options.kill_grace}
+    if options.python:
+        kwargs["python"] = options.python
+    return cls(**kwargs)
+
+
+async def run_code(
+    code: str,
+    options: RunOptions | None = None,
+    *,
+    registry: ToolRegistry | None = None,
+    interrupt: anyio.Event | None = None,
+) -> ExecutionResult:
+    """Run ``code`` as a script under ``options`` and return its result.
+
+    Setting ``interrupt`` stops the script (status ``interrupted``). Cancelling the
+    calling task kills the script too before the cancellation goes on. Raises
+    :class:`RunError` for options that make no sense and
+    :class:`environments.BackendError` when the backend cannot be used.
+    """
+    started = time.monotonic()
+    options = (options or RunOptions()).validate()
+    if registry is None:
+        registry = default_registry
+        load_builtin_tools()
+    if not isinstance(code, str):
+        raise RunError(f"code must be a string, got {type(code).__name__}")
+    tools = resolve_tools(registry, options.tools)
+    files = stub_files(registry.get_definitions(tools))
+    budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
+    base_env = scrub_environment(os.environ, options.env)
+    cwd = options.cwd or os.getcwd()
+
+    stdout = CappedOutput(
+        options.max_stdout_bytes,
+        spill_limit=options.max_spill_bytes,
+        spill_dir=options.spill_dir,
+    )
+    stderr = CappedOutput(options.max_stderr_bytes)
+    environment = _make_environment(options, base_env)
+    gate: ToolGate | None = None
+    try:
+        async with environment:
+            stage = await environment.make_private_dir("hermes-sandbox-")
+            try:
+                script_path = posixpath.join(stage, SCRIPT_NAME)
+                await environment.write_bytes(script_path, code.encode("utf-8"), mode=0o600)
+                for name, text in files.items():
+                    await environment.write_bytes(
+                        posixpath.join(stage, name), text.encode(), mode=0o600
+                    )
+                token = secrets.token_urlsafe(32)
+                context = ToolContext(
+                    task_id=options.task_id or uuid.uuid4().hex, environment=environment, cwd=cwd
+                )
+                gate = ToolGate(registry, tools, budget, context)
+                server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
+                socket_path = posixpath.join(stage, SOCKET_NAME)
+                async with serve_unix_socket(server, socket_path):
+                    pythonpath = base_env.get("PYTHONPATH")
+                    child_env = {
+                        **base_env,
+                        "HERMES_RPC_SOCKET": socket_path,
+                        "HERMES_RPC_TOKEN": token,
+                        "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
+                    }
+                    process = await environment.spawn(
+                        [environment.python, script_path], env=child_env, cwd=cwd
+                    )
+                    status, exit_code = await _supervise(
+                        process,
+                        stdout,
+                        stderr,
+                        timeout=options.timeout,
+                        kill_grace=options.kill_grace,
+                        interrupt=interrupt,
+                    )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await environment.remove_tree(stage)
+    finally:
+        stdout.close()
+    return _shape_result(
+        status,
+        exit_code,
+        stdout,
+        stderr,
+        calls=gate.calls_made if gate else 0,
+        duration=time.monotonic() - started,
+        timeout=options.timeout,
+    )
+
+
+def _shape_result(
+    status: Status,
+    exit_code: int | None,
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    *,
+    calls: int,
+    duration: float,
+    timeout: float,
+) -> ExecutionResult:
+    output = stdout.text()
+    stderr_text = stderr.text()
+    if stderr_text:
+        output = (
+            f"{output}\n--- stderr ---\n{stderr_text}"
+            if output
+            else f"--- stderr ---\n{stderr_text}"
+        )
+    error: str | None = None
+    if status == "timeout":
+        shown = f"{timeout:g}"
+        error = f"Script timed out after {shown}s and was killed."
+        output = f"{output}\n\n⏰ {error}" if output else f"⏰ {error}"
+    elif status == "interrupted":
+        error = "Script was interrupted and stopped."
+        output = f"{output}\n[execution interrupted]" if output else "[execution interrupted]"
+    elif status == "error":
+        error = f"Script exited with code {exit_code}"
+        last = _error_line(stderr_text)
+        if last:
+            error += f": {last}"
+    buffer = stdout.buffer
+    captured = min(buffer.total, buffer.limit)
+    warning = None
+    if buffer.truncated:
+        warning = (
+            "stdout was truncated: the script did run, but only the head and tail of its "
+            "output are shown."
+        )
+        if stdout.spill_path:
+            warning += (
+                f" The full output is in {stdout.spill_path}; page it with "
+                f'read_file(path="{stdout.spill_path}", offset=...) instead of re-running.'
+            )
+        elif stdout.spill_error:
+            warning += f" ({stdout.spill_error})"
+    return ExecutionResult(
+        status=status,
+        output=output,
+        exit_code=exit_code,
+        tool_calls_made=calls,
+        duration_seconds=round(duration, 3),
+        error=error,
+        stdout_truncated=buffer.truncated,
+        stdout_bytes_captured=captured,
+        stdout_bytes_total=buffer.total,
+        stdout_bytes_omitted=buffer.total - captured,
+        warning=warning,
+        stdout_spill_path=stdout.spill_path,
+    )
+
+
+__all__ = ["STUB_MODULE", "RunError", "RunOptions", "resolve_tools", "run_code"]

@@ -1,0 +1,9 @@
+"""The script side: generating hermes_tools.py and the stdlib-only client inside it.
+
+Nothing in the generated files may need more than the standard library of the
+sandbox's Python (3.8 or newer).
+"""
+
+from stubs.generate import CODEC_MODULE, STUB_MODULE, StubError, generate_stub, stub_files
+
+__all__ = ["CODEC_MODULE", "STUB_MODULE", "StubError", "generate_stub", "stub_files"]

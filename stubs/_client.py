@@ -1,0 +1,235 @@
+# ---------------------------------------------------------------------------
+# hermes-sandbox RPC client: stdlib-only, Python 3.8+. It is copied verbatim into
+# every generated hermes_tools.py; the protocol it speaks is docs/protocol.md.
+# ---------------------------------------------------------------------------
+import json as _json
+import os as _os
+import shlex as _shlex
+import socket as _socket
+import struct as _struct
+import threading as _threading
+import time as _time
+
+try:
+    import msgpack as _mp
+
+    def _pack(obj):
+        return _mp.packb(obj, use_bin_type=True)
+
+    def _unpack(data):
+        return _mp.unpackb(data, raw=False, strict_map_key=False)
+
+except Exception:  # no msgpack in this interpreter: the staged pure-Python codec
+    from _hermes_msgpack import packb as _pack
+    from _hermes_msgpack import unpackb as _unpack
+
+_HEADER = _struct.Struct(">I")
+
+
+class ToolCallError(RuntimeError):
+    """A tool call that could not be made or answered: the host is unreachable or gone."""
+
+
+class _Connection(object):
+    """One socket to the host, shared by every thread of the script.
+
+    Calls overlap: each gets a fresh request id, its frame is written whole under a
+    short send lock, and whichever waiting caller holds the read turn reads replies
+    and hands each to its owner (leader/follower), so no call waits on another's tool.
+    """
+
+    def __init__(self, sock):
+        self._sock = sock
+        self._send_lock = _threading.Lock()
+        self._cond = _threading.Condition(_threading.Lock())
+        self._replies = {}
+        self._reading = False
+        self._failure = None
+        self._buffer = bytearray()
+        self._next_id = 0
+
+    def call(self, tool, args, token):
+        with self._cond:
+            if self._failure is not None:
+                raise self._failure
+            self._next_id += 1
+            request_id = self._next_id
+        body = _pack({"id": request_id, "tool": tool, "args": args, "token": token})
+        try:
+            with self._send_lock:
+                self._sock.sendall(_HEADER.pack(len(body)) + body)
+        except OSError as exc:
+            self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
+        with self._cond:
+            while True:
+                reply = self._replies.pop(request_id, None)
+                if reply is not None:
+                    return reply
+                if self._failure is not None:
+                    raise self._failure
+                if not self._reading:
+                    self._reading = True
+                    break
+                self._cond.wait()
+        return self._read_until(request_id)
+
+    def _read_until(self, request_id):
+        try:
+            while True:
+                reply = self._read_frame()
+                reply_id = reply.get("id")
+                if reply_id == request_id:
+                    return reply
+                with self._cond:
+                    if reply_id is None:  # the host refused the connection itself
+                        error = reply.get("error") or {}
+                        self._failure = ToolCallError(
+                            "the host closed the connection: %s" % (error.get("message"),)
+                        )
+                        raise self._failure
+                    self._replies[reply_id] = reply
+                    self._cond.notify_all()
+        except ToolCallError:
+            raise
+        except (OSError, ValueError, EOFError) as exc:
+            self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
+    def _read_frame(self):
+        buffer = self._buffer
+        while len(buffer) < 4:
+            self._fill()
+        (size,) = _HEADER.unpack_from(buffer)
+        while len(buffer) < 4 + size:
+            self._fill()
+        body = bytes(buffer[4 : 4 + size])
+        del buffer[: 4 + size]
+        reply = _unpack(body)
+        if not isinstance(reply, dict):
+            raise ValueError("reply is not a map")
+        return reply
+
+    def _fill(self):
+        chunk = self._sock.recv(262144)
+        if not chunk:
+            raise EOFError("the host closed the connection")
+        self._buffer += chunk
+
+    def _fail(self, error):
+        with self._cond:
+            if self._failure is None:
+                self._failure = error
+            self._cond.notify_all()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        raise self._failure
+
+    def close(self):
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+_connection = None
+_connection_lock = _threading.Lock()
+
+
+def _connect():
+    global _connection
+    with _connection_lock:
+        if _connection is None:
+            path = _os.environ.get("HERMES_RPC_SOCKET")
+            if not path:
+                raise ToolCallError(
+                    "HERMES_RPC_SOCKET is not set: hermes_tools only works inside a "
+                    "script run by hermes-sandbox"
+                )
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+            except OSError as exc:
+                sock.close()
+                raise ToolCallError("cannot reach the host at %s: %s" % (path, exc)) from exc
+            _connection = _Connection(sock)
+        return _connection
+
+
+def _forget_connection():
+    # After os.fork() the child must not share its parent's socket and read turn.
+    global _connection, _connection_lock
+    _connection = None
+    _connection_lock = _threading.Lock()
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_forget_connection)
+
+
+def _call(tool, args):
+    """Call ``tool`` on the host with ``args``; return its parsed result.
+
+    Refusals (an unknown or disallowed tool, a spent budget, a bad token) come back
+    as ``{"error": ..., "error_kind": ...}`` like any tool error; a connection that
+    cannot be made or breaks raises ToolCallError naming the tool.
+    """
+    args = dict((k, v) for k, v in args.items() if v is not None)
+    token = _os.environ.get("HERMES_RPC_TOKEN", "")
+    try:
+        reply = _connect().call(tool, args, token)
+    except ToolCallError as exc:
+        raise ToolCallError("%s(): %s" % (tool, exc)) from None
+    error = reply.get("error")
+    if error is not None:
+        if not isinstance(error, dict):
+            error = {"message": str(error)}
+        return {"error": error.get("message"), "error_kind": error.get("kind", "internal")}
+    result = reply.get("result")
+    if isinstance(result, str):
+        try:
+            return _json.loads(result)
+        except ValueError:
+            return result
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Helpers for scripts
+# ---------------------------------------------------------------------------
+
+
+def json_parse(text):
+    """Parse JSON text leniently: control characters inside strings and a leading
+    UTF-8 byte-order mark are accepted. Use it on text from terminal() or files."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return _json.loads(text, strict=False)
+
+
+def shell_quote(s):
+    """Quote a string for safe use in a terminal() command:
+    terminal("cat " + shell_quote(path))"""
+    return _shlex.quote(str(s))
+
+
+def retry(fn, max_attempts=3, delay=2.0, backoff=2.0, retry_on=(Exception,)):
+    """Call fn() until it succeeds, at most max_attempts times, sleeping delay,
+    delay*backoff, ... seconds between attempts; re-raise the last error.
+    A tool result that is an error dict is a return value, not an exception:
+    check result.get("error") yourself."""
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    for attempt in range(max_attempts):
+        try:
+            return fn()
+        except retry_on:
+            if attempt == max_attempts - 1:
+                raise
+            _time.sleep(delay * (backoff**attempt))

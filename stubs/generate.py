@@ -1,0 +1,165 @@
+"""Generate hermes_tools.py, the module a script imports to call the host's tools.
+
+The module is the stdlib-only client (stubs/_client.py, copied verbatim) followed by
+one function per allowed tool, whose signature and docstring come from the tool's JSON
+schema. Beside it the runtime stages ``_hermes_msgpack.py`` (stubs/_msgpack.py), which
+the client imports only when the sandbox's Python has no msgpack.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import keyword
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from typing import Any
+
+STUB_MODULE = "hermes_tools.py"
+CODEC_MODULE = "_hermes_msgpack.py"
+
+# Names the client and its helpers own; a tool or a parameter may not take them.
+_RESERVED = frozenset({"json_parse", "shell_quote", "retry", "ToolCallError", "kwargs"})
+_JSON_TO_PY = {
+    "string": "str",
+    "integer": "int",
+    "number": "float",
+    "boolean": "bool",
+    "array": "list",
+    "object": "dict",
+}
+
+
+class StubError(ValueError):
+    """A tool schema that cannot become a Python function in the stub."""
+
+
+def _source(name: str) -> str:
+    return resources.files("stubs").joinpath(name).read_text(encoding="utf-8")
+
+
+@functools.cache
+def client_source() -> str:
+    return _source("_client.py")
+
+
+@functools.cache
+def codec_source() -> str:
+    return _source("_msgpack.py")
+
+
+def _docstring(text: str, indent: str = "    ") -> str:
+    text = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"').strip()
+    lines = text.splitlines() or [""]
+    body = ("\n" + indent).join(line.rstrip() for line in lines)
+    return f'{indent}"""{body}\n{indent}"""'
+
+
+def _type_name(prop: Mapping[str, Any]) -> str:
+    kind = prop.get("type")
+    if isinstance(kind, list):
+        return " | ".join(str(k) for k in kind)
+    if isinstance(kind, str):
+        return kind
+    for union in ("anyOf", "oneOf"):
+        if isinstance(prop.get(union), list):
+            return " | ".join(_type_name(p) for p in prop[union])
+    return "any"
+
+
+def _annotation(prop: Mapping[str, Any]) -> str:
+    kind = prop.get("type")
+    return _JSON_TO_PY.get(kind, "") if isinstance(kind, str) else ""
+
+
+def _is_python_name(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name) and name not in _RESERVED
+
+
+def tool_function_source(schema: Mapping[str, Any]) -> str:
+    """The source of one stub function for an OpenAI-format tool schema."""
+    function = schema.get("function", schema)
+    name = function.get("name")
+    if not isinstance(name, str) or not _is_python_name(name) or name.startswith("_"):
+        raise StubError(f"tool name {name!r} is not a usable Python function name")
+    parameters = function.get("parameters") or {}
+    properties: Mapping[str, Any] = parameters.get("properties") or {}
+    required = [p for p in parameters.get("required") or [] if p in properties]
+    optional = [p for p in properties if p not in required]
+
+    signature: list[str] = []
+    sent: list[str] = []
+    arg_docs: list[str] = []
+    awkward: list[str] = []  # schema names that are not Python names: passed as **kwargs
+    for param in required + optional:
+        prop = properties[param] or {}
+        is_required = param in required
+        detail = _type_name(prop) + (", required" if is_required else ", optional")
+        if "default" in prop:
+            detail += f", default {json.dumps(prop['default'])}"
+        if "enum" in prop:
+            detail += ", one of " + ", ".join(json.dumps(v) for v in prop["enum"])
+        description = " ".join(str(prop.get("description", "")).split())
+        arg_docs.append(f"    {param} ({detail}): {description}".rstrip())
+        if not _is_python_name(param):
+            awkward.append(param)
+            continue
+        annotation = _annotation(prop)
+        annotated = f"{param}: {annotation}" if annotation else param
+        if is_required:
+            signature.append(annotated)
+        else:
+            signature.append(f"{annotated} = None" if annotation else f"{param}=None")
+        sent.append(f"{param!r}: {param}")
+    if awkward or (parameters.get("additionalProperties", False) is not False and properties):
+        signature.append("**kwargs")
+        sent.append("**kwargs")
+
+    doc_lines = [str(function.get("description", "")).strip() or f"Call the {name} tool."]
+    if arg_docs:
+        doc_lines += ["", "Args:", *arg_docs]
+    if awkward:
+        doc_lines += ["", "Pass " + ", ".join(awkward) + " as keyword arguments: **{name: value}."]
+    doc_lines += [
+        "",
+        "Returns the tool's result parsed from JSON (a dict for the built-in tools);",
+        'a failed call returns {"error": "..."} instead of raising.',
+    ]
+    return (
+        f"def {name}({', '.join(signature)}):\n"
+        f"{_docstring(chr(10).join(doc_lines))}\n"
+        f"    return _call({name!r}, {{{', '.join(sent)}}})\n"
+    )
+
+
+def generate_stub(schemas: Iterable[Mapping[str, Any]]) -> str:
+    """The whole hermes_tools.py for the given tool schemas, in the order given.
+
+    Raises :class:`StubError` for a schema that cannot become a function.
+    """
+    schemas = list(schemas)
+    names = [s.get("function", s).get("name") for s in schemas]
+    functions = [tool_function_source(s) for s in schemas]
+    header = (
+        '"""Tools of the host, callable from this script. Generated by hermes-sandbox.\n\n'
+        f"Tools: {', '.join(names) if names else '(none)'}.\n"
+        "Helpers: json_parse, shell_quote, retry.\n"
+        '"""\n'
+        f"__all__ = {[*names, 'json_parse', 'shell_quote', 'retry', 'ToolCallError']!r}\n\n"
+    )
+    return header + client_source() + "\n\n# Tools\n\n" + "\n\n".join(functions)
+
+
+@functools.lru_cache(maxsize=64)
+def _generate_cached(schemas_json: str) -> str:
+    return generate_stub(json.loads(schemas_json))
+
+
+def stub_files(schemas: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The files to stage beside a script, by name: the stub and the fallback codec.
+
+    Generation is cached by the schemas' content, so repeated runs with one tool set
+    do not pay for it again.
+    """
+    key = json.dumps(list(schemas), separators=(",", ":"))
+    return {STUB_MODULE: _generate_cached(key), CODEC_MODULE: codec_source()}

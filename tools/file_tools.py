@@ -1,0 +1,182 @@
+"""The file tools: read_file and write_file.
+
+They act in the run's environment (``ctx.environment``), so a script in a container
+reads and writes the container's files, never the host's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tools.registry import ToolContext, registry, tool_error, tool_result
+
+MAX_READ_FILE_BYTES = 20 * 1024 * 1024  # refuse bigger files: total_lines needs them whole
+MAX_RETURNED_CHARS = 100_000  # what one call may return, whatever limit asks for
+DEFAULT_LIMIT = 500
+_BINARY_SNIFF = 8192
+
+READ_FILE_SCHEMA = {
+    "name": "read_file",
+    "description": (
+        "Read a text file. Lines are 1-indexed: offset is the first line to return, limit "
+        "how many. Returns {content, total_lines, offset, lines_returned, truncated}; when "
+        "truncated is true, continue from next_offset. Binary and device files are refused."
+    ),
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "path": {
+                "type": "string",
+                "description": "File to read; relative paths start at the working directory.",
+            },
+            "offset": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+                "description": "First line to return (1 = the first line).",
+            },
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "default": DEFAULT_LIMIT,
+                "description": "Most lines to return.",
+            },
+        },
+        "required": ["path"],
+    },
+}
+
+WRITE_FILE_SCHEMA = {
+    "name": "write_file",
+    "description": (
+        "Write text to a file, replacing it if it exists and creating missing parent "
+        "directories. Returns {status, path, bytes_written}."
+    ),
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File to write."},
+            "content": {"type": "string", "description": "The whole new content of the file."},
+        },
+        "required": ["path", "content"],
+    },
+}
+
+_SPECIAL_KINDS = {
+    "char_device": "a character device",
+    "block_device": "a block device",
+    "fifo": "a named pipe",
+    "socket": "a socket",
+    "other": "not a regular file",
+}
+
+
+def _int_arg(args: dict[str, Any], name: str, default: int) -> int:
+    value = args.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"{name} must be at least 1, got {number}")
+    return number
+
+
+async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
+    path = args.get("path")
+    if not isinstance(path, str) or not path:
+        return tool_error("read_file needs a path (a non-empty string)")
+    try:
+        offset = _int_arg(args, "offset", 1)
+        limit = _int_arg(args, "limit", DEFAULT_LIMIT)
+    except ValueError as exc:
+        return tool_error(str(exc))
+    env = ctx.environment
+    target = ctx.resolve(path)
+    try:
+        info = await env.stat(target)
+    except FileNotFoundError:
+        return tool_error(f"File not found: {path}")
+    except PermissionError:
+        return tool_error(f"Permission denied: {path}")
+    except OSError as exc:
+        return tool_error(f"Cannot read {path}: {exc.strerror or exc}")
+    if info.kind == "directory":
+        return tool_error(
+            f"{path} is a directory, not a file; list it with terminal('ls -la {path}')"
+        )
+    if info.kind in _SPECIAL_KINDS:
+        return tool_error(
+            f"{path} is {_SPECIAL_KINDS[info.kind]}; read_file reads regular files only"
+        )
+    if info.size > MAX_READ_FILE_BYTES:
+        return tool_error(
+            f"{path} is {info.size:,} bytes, over read_file's {MAX_READ_FILE_BYTES:,}-byte "
+            "limit; read a slice with terminal(\"sed -n '100,200p' FILE\") or use search_files"
+        )
+    try:
+        data = await env.read_bytes(info.path, max_bytes=MAX_READ_FILE_BYTES + 1)
+    except OSError as exc:
+        return tool_error(f"Cannot read {path}: {exc.strerror or exc}")
+    if b"\0" in data[:_BINARY_SNIFF]:
+        return tool_error(
+            f"{path} looks like a binary file; read_file returns text only "
+            "(inspect it with terminal('file ...') or 'xxd ... | head')"
+        )
+    lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+    total = len(lines)
+    chosen = lines[offset - 1 : offset - 1 + limit]
+    content_parts: list[str] = []
+    size = 0
+    for line in chosen:
+        if size + len(line) > MAX_RETURNED_CHARS and content_parts:
+            break
+        content_parts.append(line[:MAX_RETURNED_CHARS])
+        size += len(line)
+    returned = len(content_parts)
+    result: dict[str, Any] = {
+        "path": info.path,
+        "content": "".join(content_parts),
+        "total_lines": total,
+        "offset": offset,
+        "lines_returned": returned,
+        "truncated": offset - 1 + returned < total,
+    }
+    if result["truncated"]:
+        result["next_offset"] = offset + returned
+    return tool_result(result)
+
+
+async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
+    path = args.get("path")
+    content = args.get("content")
+    if not isinstance(path, str) or not path:
+        return tool_error("write_file needs a path (a non-empty string)")
+    if not isinstance(content, str):
+        return tool_error("write_file needs content as a string")
+    target = ctx.resolve(path)
+    data = content.encode("utf-8")
+    try:
+        await ctx.environment.write_bytes(target, data, make_parents=True)
+    except IsADirectoryError:
+        return tool_error(f"{path} is a directory; give a file path")
+    except OSError as exc:
+        return tool_error(f"Cannot write {path}: {exc.strerror or exc}")
+    return tool_result(status="ok", path=target, bytes_written=len(data))
+
+
+registry.register(
+    name="read_file",
+    toolset="file",
+    schema=READ_FILE_SCHEMA,
+    handler=read_file,
+    emoji="📖",
+)
+registry.register(
+    name="write_file",
+    toolset="file",
+    schema=WRITE_FILE_SCHEMA,
+    handler=write_file,
+    emoji="✍️",
+)

@@ -1,0 +1,84 @@
+"""The terminal tool: run a foreground shell command where the script runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tools.registry import ToolContext, registry, tool_error, tool_result
+
+DEFAULT_TIMEOUT = 180
+MAX_TIMEOUT = 3600
+MAX_OUTPUT_CHARS = 50_000
+
+TERMINAL_SCHEMA = {
+    "name": "terminal",
+    "description": (
+        "Run a shell command in the foreground and wait for it. Returns {output, exit_code}: "
+        "output is stdout and stderr together, its middle cut out past 50,000 characters. "
+        "A command still running after timeout seconds is killed (exit_code 124)."
+    ),
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The command, run with /bin/sh -c."},
+            "timeout": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_TIMEOUT,
+                "default": DEFAULT_TIMEOUT,
+                "description": "Seconds to wait before killing the command.",
+            },
+            "workdir": {
+                "type": "string",
+                "description": "Directory to run in (default: the script's working directory).",
+            },
+        },
+        "required": ["command"],
+    },
+}
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_OUTPUT_CHARS:
+        return text
+    head = int(MAX_OUTPUT_CHARS * 0.4)
+    tail = MAX_OUTPUT_CHARS - head
+    return (
+        f"{text[:head]}\n... [{len(text) - MAX_OUTPUT_CHARS} characters omitted] ...\n"
+        f"{text[-tail:]}"
+    )
+
+
+async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
+    command = args.get("command")
+    if not isinstance(command, str) or not command.strip():
+        return tool_error("terminal needs a command (a non-empty string)")
+    timeout = args.get("timeout", DEFAULT_TIMEOUT)
+    try:
+        timeout = int(timeout)
+    except (TypeError, ValueError):
+        return tool_error(f"timeout must be a whole number of seconds, got {timeout!r}")
+    if not 1 <= timeout <= MAX_TIMEOUT:
+        return tool_error(f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+    workdir = args.get("workdir")
+    cwd = ctx.resolve(workdir) if isinstance(workdir, str) and workdir else ctx.cwd
+    try:
+        info = await ctx.environment.stat(cwd)
+    except OSError:
+        return tool_error(f"workdir does not exist: {cwd}")
+    if info.kind != "directory":
+        return tool_error(f"workdir is not a directory: {cwd}")
+    done = await ctx.environment.execute(command, timeout=timeout, cwd=cwd)
+    result: dict[str, Any] = {"output": _clip(done.output), "exit_code": done.exit_code}
+    if done.timed_out:
+        result["error"] = f"Command timed out after {timeout}s and was killed"
+    return tool_result(result)
+
+
+registry.register(
+    name="terminal",
+    toolset="terminal",
+    schema=TERMINAL_SCHEMA,
+    handler=terminal,
+    emoji="💻",
+)
