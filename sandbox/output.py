@@ -93,7 +93,8 @@ class CappedOutput:
             try:
                 if self.buffer.total > self._spilled and self._spilled >= self._spill_limit:
                     more = self.buffer.total - self._spilled
-                    note = f"\n\n[... spill capped at {self._spill_limit:,} bytes; {more:,} more ...]\n"
+                    cap = self._spill_limit
+                    note = f"\n\n[... spill capped at {cap:,} bytes; {more:,} more ...]\n"
                     self._spill.write(note.encode())
                 self._spill.close()
             except OSError:
