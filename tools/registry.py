@@ -49,6 +49,9 @@ class ToolContext:
     task_id: str
     environment: Environment
     cwd: str
+    # Policy the host sets for the run; None means "no policy of that kind".
+    approval: Any = None  # tools.approval.ApprovalPolicy: who may allow a dangerous command
+    workspace_root: str | None = None  # file tools may only write below this path
 
     def resolve(self, path: str) -> str:
         import posixpath
