@@ -23,6 +23,7 @@ from environments import Environment, SandboxProcess, get_environment_class
 from rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer, serve_unix_socket
 from sandbox.childenv import scrub_environment
 from sandbox.gate import ToolCallBudget, ToolGate
+from sandbox.hints import failure_hint
 from sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
 from sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from stubs import STUB_MODULE, stub_files
@@ -62,19 +63,26 @@ class RunOptions:
     spill_dir: str | None = None
     kill_grace: float = 2.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    workspace_root: str | None = None
+    # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
     budget: ToolCallBudget | None = field(default=None, compare=False)
+    approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
 
     def validate(self) -> RunOptions:
         if not self.timeout > 0:
             raise RunError(f"timeout must be a positive number of seconds, got {self.timeout}")
         if self.max_tool_calls < 0:
             raise RunError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        checked = self
         if self.cwd is not None:
             cwd = os.path.abspath(os.path.expanduser(self.cwd))
             if not os.path.isdir(cwd):
                 raise RunError(f"working directory does not exist or is not a directory: {cwd}")
-            return replace(self, cwd=cwd)
-        return self
+            checked = replace(checked, cwd=cwd)
+        if self.workspace_root is not None:
+            root = os.path.abspath(os.path.expanduser(self.workspace_root))
+            checked = replace(checked, workspace_root=root)
+        return checked
 
 
 def resolve_tools(registry: ToolRegistry, requested: Sequence[str] | None) -> list[str]:
@@ -232,7 +240,11 @@ async def run_code(
                     )
                 token = secrets.token_urlsafe(32)
                 context = ToolContext(
-                    task_id=options.task_id or uuid.uuid4().hex, environment=environment, cwd=cwd
+                    task_id=options.task_id or uuid.uuid4().hex,
+                    environment=environment,
+                    cwd=cwd,
+                    approval=options.approval,
+                    workspace_root=options.workspace_root,
                 )
                 gate = ToolGate(registry, tools, budget, context)
                 server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
@@ -269,6 +281,7 @@ async def run_code(
         calls=gate.calls_made if gate else 0,
         duration=time.monotonic() - started,
         timeout=options.timeout,
+        tools=tools,
     )
 
 
@@ -281,6 +294,7 @@ def _shape_result(
     calls: int,
     duration: float,
     timeout: float,
+    tools: Sequence[str],
 ) -> ExecutionResult:
     output = stdout.text()
     stderr_text = stderr.text()
@@ -291,6 +305,7 @@ def _shape_result(
             else f"--- stderr ---\n{stderr_text}"
         )
     error: str | None = None
+    hint: str | None = None
     if status == "timeout":
         shown = f"{timeout:g}"
         error = f"Script timed out after {shown}s and was killed."
@@ -303,6 +318,7 @@ def _shape_result(
         last = _error_line(stderr_text)
         if last:
             error += f": {last}"
+        hint = failure_hint(stderr_text, tools)
     buffer = stdout.buffer
     captured = min(buffer.total, buffer.limit)
     warning = None
@@ -331,6 +347,7 @@ def _shape_result(
         stdout_bytes_omitted=buffer.total - captured,
         warning=warning,
         stdout_spill_path=stdout.spill_path,
+        hint=hint,
     )
 
 

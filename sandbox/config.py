@@ -1,0 +1,212 @@
+"""The config file: what a user sets once, in YAML; the command line overrides it.
+
+Looked up at ``--config PATH``, else ``$HERMES_SANDBOX_CONFIG``, else
+``$XDG_CONFIG_HOME/hermes-sandbox/config.yaml`` (``~/.config/...``). A missing default
+file means all defaults; a missing file that was named explicitly is an error. Unknown
+keys are refused, so a typo does not silently do nothing. Example::
+
+    backend: local
+    tools: [read_file, write_file, terminal]
+    workspace_root: ~/work
+    limits:
+      timeout: 120
+      max_tool_calls: 100
+    env:                      # passed into every script's scrubbed environment
+      PIP_INDEX_URL: https://pypi.example/simple
+    providers:                # set on the host for tools that need them (web_search, ...)
+      SEARXNG_URL: http://127.0.0.1:8888
+    approvals:
+      allowlist:              # dangerous commands allowed without asking
+        - "rm -rf ./build"
+    backends:
+      local:
+        python: /usr/bin/python3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+ENV_VAR = "HERMES_SANDBOX_CONFIG"
+
+
+class ConfigError(Exception):
+    """A config file that cannot be read or does not fit the schema; says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    timeout: float = 300.0
+    max_tool_calls: int = 50
+    max_stdout_bytes: int = 50_000
+    max_stderr_bytes: int = 10_000
+    max_spill_bytes: int = 5_000_000
+    kill_grace: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalsConfig:
+    allowlist: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBackendConfig:
+    python: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendsConfig:
+    local: LocalBackendConfig = field(default_factory=LocalBackendConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    backend: str = "local"
+    tools: list[str] | None = None
+    toolsets: list[str] | None = None
+    cwd: str | None = None
+    workspace_root: str | None = None
+    spill_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    providers: dict[str, str] = field(default_factory=dict)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
+    backends: BackendsConfig = field(default_factory=BackendsConfig)
+    path: str | None = field(default=None, compare=False)  # where it was read from
+
+    def apply_providers(self, environ: typing.MutableMapping[str, str] = os.environ) -> None:
+        """Export provider settings to the host's environment, where tools read them;
+        a variable already set wins."""
+        for name, value in self.providers.items():
+            environ.setdefault(name, value)
+
+
+def default_path() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "hermes-sandbox", "config.yaml")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, dict) else "a mapping"
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _convert(value, inner[0], where)
+    if dataclasses.is_dataclass(hint):
+        if value is None:
+            return hint()
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        return _build(hint, value, where)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, str) and item is str:
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        return {str(k): _convert(v, str, f"{where}.{k}") for k, v in value.items()}
+    if hint is str:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ConfigError(f"{where}: expected text, got {_describe(value)}")
+        return str(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected a whole number, got {_describe(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
+        return float(value)
+    raise ConfigError(f"{where}: unsupported setting type {hint!r}")  # pragma: no cover
+
+
+def _build(cls: Any, data: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.name != "path"}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown setting{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(str, unknown))}; known here: {', '.join(sorted(names))}"
+        )
+    values = {
+        name: _convert(value, hints[name], f"{where}.{name}" if where else name)
+        for name, value in data.items()
+    }
+    return cls(**values)
+
+
+def parse_config(text: str, source: str = "config") -> Config:
+    """Parse YAML text into a Config; raise ConfigError naming the bad setting."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of settings")
+    try:
+        config = _build(Config, data, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return dataclasses.replace(config, path=source)
+
+
+def load_config(path: str | None = None) -> Config:
+    """Read the config file (see the module docstring for where it is looked up)."""
+    explicit = path or os.environ.get(ENV_VAR)
+    target = os.path.expanduser(explicit) if explicit else default_path()
+    try:
+        with open(target, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"config file not found: {target}") from None
+        return Config()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {target}: {exc.strerror or exc}") from None
+    return parse_config(text, target)
+
+
+def add_to_allowlist(path: str, pattern: str) -> None:
+    """Persist an "always allow" approval: append ``pattern`` to approvals.allowlist."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        data = {}
+    approvals = data.setdefault("approvals", {}) or {}
+    data["approvals"] = approvals
+    allowlist = approvals.setdefault("allowlist", []) or []
+    approvals["allowlist"] = allowlist
+    if pattern not in allowlist:
+        allowlist.append(pattern)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temp = f"{path}.tmp"
+    with open(temp, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    os.replace(temp, path)
