@@ -29,6 +29,7 @@ from environments.capture import HeadTailBuffer
 MARKER_VAR = "HERMES_SANDBOX_ENV"
 DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
 TIMEOUT_EXIT_CODE = 124
+_DRAIN_SECONDS = 1.0
 
 
 class LocalEnvironment(Environment):
@@ -105,18 +106,25 @@ class LocalEnvironment(Environment):
         )
         handle = LocalProcess(process)
         output = HeadTailBuffer(max_output_bytes)
-        timed_out = False
+
+        async def pump() -> None:
+            async for chunk in handle.stdout:
+                output.feed(chunk)
+
         try:
-            with anyio.move_on_after(timeout) as scope:
-                assert process.stdout is not None
-                async for chunk in process.stdout:
-                    output.feed(chunk)
-                await process.wait()
-            timed_out = scope.cancelled_caught
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(pump)
+                with anyio.move_on_after(timeout) as scope:
+                    await process.wait()
+                # The command is done (or out of time): what it left in the background
+                # goes too, then the pipe gets a moment to deliver the rest.
+                with anyio.CancelScope(shield=True):
+                    await handle.kill(self.kill_grace)
+                tasks.cancel_scope.deadline = anyio.current_time() + _DRAIN_SECONDS
         finally:
             with anyio.CancelScope(shield=True):
-                await handle.kill(self.kill_grace)
                 await handle.aclose()
+        timed_out = scope.cancelled_caught
         text = output.getvalue().decode("utf-8", "replace")
         if output.truncated:
             text = (
