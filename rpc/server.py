@@ -88,20 +88,25 @@ class RPCServer:
             async with send_lock:
                 await _send_quietly(stream, frame)
 
+        refusal: dict[str, Any] | None = None
         async with anyio.create_task_group() as tasks:
             try:
                 async for message in iter_messages(stream, self.max_frame_size):
                     tasks.start_soon(self._answer, message, reply)
             except FrameTooLarge as exc:
+                refusal = messages.error_reply(None, messages.FRAME_TOO_LARGE, str(exc))
                 tasks.cancel_scope.cancel()
-                await reply(messages.error_reply(None, messages.FRAME_TOO_LARGE, str(exc)))
             except FrameError as exc:
+                refusal = messages.error_reply(None, messages.BAD_FRAME, str(exc))
                 tasks.cancel_scope.cancel()
-                await reply(messages.error_reply(None, messages.BAD_FRAME, str(exc)))
             except ConnectionClosed:
                 tasks.cancel_scope.cancel()
             # On a clean end of stream the peer may have only shut its writing side:
             # let the calls in flight finish and answer.
+        if refusal is not None:
+            # Sent outside the cancelled group, or the cancellation would swallow it.
+            with anyio.move_on_after(5):
+                await reply(refusal)
 
     async def _answer(
         self, message: dict[str, Any], reply: Callable[[dict[str, Any]], Awaitable[None]]

@@ -80,13 +80,14 @@ class _Connection(object):
                 reply_id = reply.get("id")
                 if reply_id == request_id:
                     return reply
-                with self._cond:
-                    if reply_id is None:  # the host refused the connection itself
-                        error = reply.get("error") or {}
-                        self._failure = ToolCallError(
+                if reply_id is None:  # the host refused the connection itself
+                    error = reply.get("error") or {}
+                    self._fail(
+                        ToolCallError(
                             "the host closed the connection: %s" % (error.get("message"),)
                         )
-                        raise self._failure
+                    )
+                with self._cond:
                     self._replies[reply_id] = reply
                     self._cond.notify_all()
         except ToolCallError:

@@ -19,7 +19,7 @@ STUB_MODULE = "hermes_tools.py"
 CODEC_MODULE = "_hermes_msgpack.py"
 
 # Names the client and its helpers own; a tool or a parameter may not take them.
-_RESERVED = frozenset({"json_parse", "shell_quote", "retry", "ToolCallError", "kwargs"})
+_RESERVED = frozenset({"json_parse", "shell_quote", "retry", "ToolCallError", "kwargs", "_call"})
 _JSON_TO_PY = {
     "string": "str",
     "integer": "int",
@@ -49,7 +49,8 @@ def codec_source() -> str:
 
 
 def _docstring(text: str, indent: str = "    ") -> str:
-    text = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"').strip()
+    text = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"').replace("\0", "\\x00")
+    text = text.strip()
     lines = text.splitlines() or [""]
     body = ("\n" + indent).join(line.rstrip() for line in lines)
     return f'{indent}"""{body}\n{indent}"""'
@@ -84,7 +85,7 @@ def tool_function_source(schema: Mapping[str, Any]) -> str:
         raise StubError(f"tool name {name!r} is not a usable Python function name")
     parameters = function.get("parameters") or {}
     properties: Mapping[str, Any] = parameters.get("properties") or {}
-    required = [p for p in parameters.get("required") or [] if p in properties]
+    required = list(dict.fromkeys(p for p in parameters.get("required") or [] if p in properties))
     optional = [p for p in properties if p not in required]
 
     signature: list[str] = []

@@ -1,0 +1,668 @@
+"""Tests for the script side: stubs/generate.py and the client it copies into hermes_tools.py.
+
+The client is exercised the way a sandboxed script uses it: the generated module and the
+fallback codec are staged in a directory, a real ``python`` runs a script there with
+HERMES_RPC_SOCKET and HERMES_RPC_TOKEN set, and a real RPCServer behind the real
+ToolGate answers on a Unix socket in the test's event loop. Each script prints one JSON
+line as its last output, which the test reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+import stubs
+from rpc.server import RPCServer
+from rpc.unix import serve_unix_socket
+from sandbox.gate import ToolCallBudget, ToolGate
+from stubs.generate import StubError, generate_stub, tool_function_source
+from tools.registry import ToolContext, ToolRegistry
+
+TOKEN = "stub-test-token"
+PYTHON38 = "/root/.pyenv/versions/3.8.18/bin/python3.8"
+SCRIPT_TIMEOUT = 20.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    # A short private directory: pytest's tmp_path can exceed the 107-byte sun_path.
+    path = tempfile.mkdtemp(prefix="hstub-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def schema(name: str, properties: Mapping[str, Any], required: list[str], doc: str = "") -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": doc,
+            "parameters": {"type": "object", "properties": dict(properties), "required": required},
+        },
+    }
+
+
+SCHEMAS = [
+    schema(
+        "echo",
+        {"text": {"type": "string"}, "tag": {"type": "integer"}, "extra": {"type": "string"}},
+        ["text"],
+        "Return the arguments it was given.",
+    ),
+    schema("slow", {"seconds": {"type": "number"}, "tag": {"type": "integer"}}, ["seconds"]),
+    schema("move", {"from": {"type": "string"}, "to": {"type": "string"}}, ["from", "to"]),
+    schema("dial", {"_call": {"type": "string"}}, []),
+    schema("forbidden", {}, [], "Registered on the host, not allowed in this run."),
+    schema("ghost", {}, [], "Not registered on the host at all."),
+]
+ALLOWED = ["echo", "slow", "move", "dial"]
+
+
+# -- the host -----------------------------------------------------------------------
+
+
+class Host:
+    """The tools behind the gate, recording what each call received."""
+
+    def __init__(self, budget: int = 100) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.slow_started = anyio.Event()
+        registry = ToolRegistry()
+        for entry in SCHEMAS:
+            name = entry["function"]["name"]
+            if name == "ghost":
+                continue
+            handler = self.slow if name == "slow" else self.echo_as(name)
+            registry.register(name, "test", entry, handler)
+        context = ToolContext(task_id="stub-test", environment=None, cwd="/")  # type: ignore[arg-type]
+        self.gate = ToolGate(registry, ALLOWED, ToolCallBudget(budget), context)
+
+    def echo_as(self, name: str) -> Any:
+        async def echo(args: dict[str, Any]) -> str:
+            self.calls.append((name, dict(args)))
+            return json.dumps(args)
+
+        return echo
+
+    async def slow(self, args: dict[str, Any]) -> str:
+        self.calls.append(("slow", dict(args)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.slow_started.set()
+        try:
+            await anyio.sleep(float(args["seconds"]))
+        finally:
+            self.in_flight -= 1
+        return json.dumps(args)
+
+
+class CountingServer(RPCServer):
+    """An RPCServer that counts the connections it was handed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accepted = 0
+
+    async def serve(self, stream: Any) -> None:
+        self.accepted += 1
+        await super().serve(stream)
+
+
+@asynccontextmanager
+async def serving(socket_dir: str, host: Host) -> AsyncIterator[tuple[str, CountingServer]]:
+    server = CountingServer(host.gate, token=TOKEN)
+    async with serve_unix_socket(server, os.path.join(socket_dir, "rpc.sock")) as path:
+        yield path, server
+
+
+# -- the script side ----------------------------------------------------------------
+
+
+def stage(directory: Path, schemas: list[dict[str, Any]] = SCHEMAS) -> Path:
+    """Write hermes_tools.py and the fallback codec, as the runtime stages them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "hermes_tools.py").write_text(generate_stub(schemas), encoding="utf-8")
+    codec = Path(stubs.__file__).with_name("_msgpack.py")
+    shutil.copyfile(codec, directory / "_hermes_msgpack.py")
+    return directory
+
+
+def script_env(socket_path: str | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "PYTHON"))}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if socket_path is not None:
+        env["HERMES_RPC_SOCKET"] = socket_path
+    env["HERMES_RPC_TOKEN"] = TOKEN
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def result(self) -> Any:
+        """The JSON the script printed last; fails the test with stderr if it crashed."""
+        assert self.returncode == 0, f"script failed ({self.returncode}):\n{self.stderr}"
+        lines = self.stdout.strip().splitlines()
+        assert lines, f"script printed nothing; stderr:\n{self.stderr}"
+        return json.loads(lines[-1])
+
+
+async def _drain(stream: Any, into: bytearray) -> None:
+    async for chunk in stream:
+        into += chunk
+
+
+async def run_python(
+    directory: Path,
+    code: str,
+    env: dict[str, str],
+    *,
+    python: str = sys.executable,
+    timeout: float = SCRIPT_TIMEOUT,
+) -> Completed:
+    """Run ``code`` as a script in ``directory``; kill it if it outlives ``timeout``."""
+    script = directory / "script.py"
+    script.write_text(textwrap.dedent(code), encoding="utf-8")
+    out, err = bytearray(), bytearray()
+    async with await anyio.open_process([python, str(script)], cwd=directory, env=env) as process:
+        pid = process.pid
+        try:
+            with anyio.fail_after(timeout):
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(_drain, process.stdout, out)
+                    tasks.start_soon(_drain, process.stderr, err)
+                returncode = await process.wait()
+        finally:
+            if process.returncode is None:
+                try:
+                    process.kill()
+                except ProcessLookupError:
+                    pass
+    # Leaving the context reaped it: nothing of the script is left behind.
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return Completed(returncode, out.decode(), err.decode())
+
+
+# -- concurrency --------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_ten_threads_each_get_their_own_answer(tmp_path: Path, socket_dir: str) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json, threading, time
+        import hermes_tools
+
+        results = {}
+
+        def work(i):
+            results[i] = hermes_tools.slow(0.5, tag=i)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(10)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        print(json.dumps({"elapsed": elapsed, "results": results}))
+    """
+    async with serving(socket_dir, host) as (path, server):
+        out = (await run_python(directory, code, script_env(path))).result()
+    assert out["results"] == {str(i): {"seconds": 0.5, "tag": i} for i in range(10)}
+    assert out["elapsed"] < 2.5, f"10 calls of 0.5 s took {out['elapsed']:.2f} s"
+    assert host.max_in_flight == 10  # they overlapped on the host
+    assert server.accepted == 1  # over the one shared connection
+    assert host.gate.calls_made == 10
+
+
+@pytest.mark.anyio
+async def test_ten_asyncio_tasks_each_get_their_own_answer(tmp_path: Path, socket_dir: str) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    code = """
+        import asyncio, json, time
+        from concurrent.futures import ThreadPoolExecutor
+        import hermes_tools
+
+        async def main():
+            # Ten workers whatever the CPU count: the default pool may be smaller.
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(10))
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(asyncio.to_thread(hermes_tools.slow, 0.5, tag=i) for i in range(10))
+            )
+            return time.monotonic() - started, results
+
+        elapsed, results = asyncio.run(main())
+        print(json.dumps({"elapsed": elapsed, "results": results}))
+    """
+    async with serving(socket_dir, host) as (path, server):
+        out = (await run_python(directory, code, script_env(path))).result()
+    assert out["results"] == [{"seconds": 0.5, "tag": i} for i in range(10)]
+    assert out["elapsed"] < 2.5, f"10 calls of 0.5 s took {out['elapsed']:.2f} s"
+    assert host.max_in_flight == 10
+    assert server.accepted == 1
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_error_replies_are_returned_not_raised(tmp_path: Path, socket_dir: str) -> None:
+    host = Host(budget=2)
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json, os
+        import hermes_tools
+
+        out = {
+            "forbidden": hermes_tools.forbidden(),
+            "ghost": hermes_tools.ghost(),
+            "first": hermes_tools.echo("one"),
+            "second": hermes_tools.echo("two"),
+            "spent": hermes_tools.echo("three"),
+        }
+        os.environ["HERMES_RPC_TOKEN"] = "not-the-token"
+        out["bad_token"] = hermes_tools.echo("four")
+        print(json.dumps(out))
+    """
+    async with serving(socket_dir, host) as (path, _):
+        out = (await run_python(directory, code, script_env(path))).result()
+    assert out["first"] == {"text": "one"}
+    assert out["second"] == {"text": "two"}
+    for key, kind in [
+        ("forbidden", "not_allowed"),
+        ("ghost", "unknown_tool"),
+        ("spent", "budget_exhausted"),
+        ("bad_token", "unauthorized"),
+    ]:
+        reply = out[key]
+        assert set(reply) == {"error", "error_kind"}, (key, reply)
+        assert reply["error_kind"] == kind, (key, reply)
+        assert isinstance(reply["error"], str) and reply["error"], (key, reply)
+    assert "forbidden" in out["forbidden"]["error"]
+    assert "echo" in out["forbidden"]["error"]  # lists the tools that are allowed
+    assert [name for name, _ in host.calls] == ["echo", "echo"]
+
+
+@pytest.mark.anyio
+async def test_server_going_away_mid_call_raises_tool_call_error(
+    tmp_path: Path, socket_dir: str
+) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json
+        import hermes_tools
+
+        try:
+            result = hermes_tools.slow(30, tag=1)
+        except hermes_tools.ToolCallError as exc:
+            print(json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
+        else:
+            print(json.dumps({"returned": result}))
+    """
+    completed: list[Completed] = []
+
+    async def run(path: str) -> None:
+        completed.append(await run_python(directory, code, script_env(path), timeout=10))
+
+    # The task group outlives the server: the script is still running when it goes.
+    async with anyio.create_task_group() as tasks, serving(socket_dir, host) as (path, _):
+        tasks.start_soon(run, path)
+        with anyio.fail_after(SCRIPT_TIMEOUT):
+            await host.slow_started.wait()
+    out = completed[0].result()
+    assert out.get("raised") == "ToolCallError", out
+    assert out["message"].startswith("slow(): "), out
+    assert "connection" in out["message"]
+
+
+@pytest.mark.anyio
+async def test_socket_variable_unset(tmp_path: Path) -> None:
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json
+        import hermes_tools
+
+        try:
+            hermes_tools.echo("x")
+        except hermes_tools.ToolCallError as exc:
+            print(json.dumps({"message": str(exc), "runtime": isinstance(exc, RuntimeError)}))
+    """
+    out = (await run_python(directory, code, script_env(None))).result()
+    assert out["message"].startswith("echo(): ")
+    assert "HERMES_RPC_SOCKET is not set" in out["message"]
+    assert out["runtime"] is True
+
+
+@pytest.mark.anyio
+async def test_nothing_listening_on_the_socket(tmp_path: Path, socket_dir: str) -> None:
+    directory = stage(tmp_path / "stage")
+    missing = os.path.join(socket_dir, "nobody-here.sock")
+    code = """
+        import json
+        import hermes_tools
+
+        try:
+            hermes_tools.echo("x")
+        except hermes_tools.ToolCallError as exc:
+            print(json.dumps({"message": str(exc)}))
+    """
+    out = (await run_python(directory, code, script_env(missing))).result()
+    assert out["message"].startswith("echo(): cannot reach the host")
+    assert missing in out["message"]
+
+
+@pytest.mark.anyio
+async def test_child_after_fork_uses_its_own_connection(tmp_path: Path, socket_dir: str) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json, os
+        import hermes_tools
+
+        before = hermes_tools.echo("parent-before")
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read_end)
+                got = hermes_tools.echo("child")
+                report = {"got": got}
+            except BaseException as exc:
+                report = {"error": repr(exc)}
+            os.write(write_end, json.dumps(report).encode())
+            os._exit(0)
+        os.close(write_end)
+        data = b""
+        while True:
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            data += chunk
+        _, status = os.waitpid(pid, 0)
+        after = hermes_tools.echo("parent-after")
+        print(json.dumps({
+            "before": before, "after": after, "child": json.loads(data.decode()),
+            "child_status": status,
+        }))
+    """
+    async with serving(socket_dir, host) as (path, server):
+        out = (await run_python(directory, code, script_env(path))).result()
+    assert out["child_status"] == 0
+    assert out["child"].get("got") == {"text": "child"}, out["child"]
+    assert out["before"] == {"text": "parent-before"}
+    assert out["after"] == {"text": "parent-after"}
+    # One connection for the parent, kept across the fork, and one of the child's own.
+    assert server.accepted == 2
+    assert [args["text"] for _, args in host.calls] == ["parent-before", "child", "parent-after"]
+
+
+# -- without msgpack ----------------------------------------------------------------
+
+NO_MSGPACK_SCRIPT = """
+    import json, sys, threading
+    import hermes_tools
+
+    assert hermes_tools._pack.__module__ == "_hermes_msgpack", hermes_tools._pack.__module__
+    assert hermes_tools._unpack.__module__ == "_hermes_msgpack", hermes_tools._unpack.__module__
+    try:
+        import msgpack  # noqa: F401
+        has_msgpack = True
+    except ImportError:
+        has_msgpack = False
+
+    results = {}
+
+    def work(i):
+        results[i] = hermes_tools.echo("snow ☃ %d" % i, tag=2 ** 40 + i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = hermes_tools.forbidden()
+    print(json.dumps({
+        "version": list(sys.version_info[:2]), "has_msgpack": has_msgpack,
+        "results": results, "refused": refused,
+    }))
+"""
+
+
+def check_no_msgpack_run(out: dict[str, Any]) -> None:
+    assert out["has_msgpack"] is False
+    assert out["results"] == {str(i): {"text": f"snow ☃ {i}", "tag": 2**40 + i} for i in range(4)}
+    assert out["refused"]["error_kind"] == "not_allowed"
+
+
+@pytest.mark.anyio
+async def test_stub_on_python38_without_msgpack(tmp_path: Path, socket_dir: str) -> None:
+    if not os.access(PYTHON38, os.X_OK):
+        pytest.skip(f"no Python 3.8 interpreter at {PYTHON38}")
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    async with serving(socket_dir, host) as (path, _):
+        completed = await run_python(
+            directory, NO_MSGPACK_SCRIPT, script_env(path), python=PYTHON38
+        )
+    out = completed.result()
+    assert out["version"] == [3, 8]
+    check_no_msgpack_run(out)
+
+
+@pytest.mark.anyio
+async def test_stub_falls_back_when_msgpack_cannot_be_imported(
+    tmp_path: Path, socket_dir: str
+) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "msgpack.py").write_text('raise ImportError("msgpack is hidden by this test")\n')
+    async with serving(socket_dir, host) as (path, _):
+        env = script_env(path, PYTHONPATH=str(shadow))
+        completed = await run_python(directory, NO_MSGPACK_SCRIPT, env)
+    check_no_msgpack_run(completed.result())
+
+
+# -- arguments as sent --------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_only_the_arguments_passed_are_sent(tmp_path: Path, socket_dir: str) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json
+        import hermes_tools
+
+        hermes_tools.echo("a")
+        hermes_tools.echo("b", tag=None)
+        hermes_tools.echo("c", tag=0, extra="")
+        hermes_tools.echo(text="d", extra="x")
+        hermes_tools.move(to="there", **{"from": "here"})
+        print(json.dumps("done"))
+    """
+    async with serving(socket_dir, host) as (path, _):
+        assert (await run_python(directory, code, script_env(path))).result() == "done"
+    assert host.calls == [
+        ("echo", {"text": "a"}),
+        ("echo", {"text": "b"}),
+        ("echo", {"text": "c", "tag": 0, "extra": ""}),  # falsy is not None: sent
+        ("echo", {"text": "d", "extra": "x"}),
+        ("move", {"from": "here", "to": "there"}),
+    ]
+
+
+@pytest.mark.anyio
+async def test_parameter_named_like_a_client_internal(tmp_path: Path, socket_dir: str) -> None:
+    # A schema parameter called "_call" must still reach the host, however the stub
+    # chooses to accept it.
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    code = """
+        import json
+        import hermes_tools
+
+        try:
+            print(json.dumps({"returned": hermes_tools.dial(**{"_call": "555"})}))
+        except Exception as exc:
+            print(json.dumps({"raised": repr(exc)}))
+    """
+    async with serving(socket_dir, host) as (path, _):
+        out = (await run_python(directory, code, script_env(path))).result()
+    assert out == {"returned": {"_call": "555"}}
+    assert host.calls == [("dial", {"_call": "555"})]
+
+
+# -- generate_stub --------------------------------------------------------------------
+
+
+def function_def(source: str, name: str) -> ast.FunctionDef:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise AssertionError(f"no function {name} in the stub")
+
+
+def test_signature_required_first_then_optional_defaulting_to_none() -> None:
+    entry = schema(
+        "plan",
+        {
+            "a": {"type": "string"},
+            "b": {"type": "integer"},
+            "c": {},
+            "d": {"type": "boolean"},
+        },
+        ["b", "d"],
+    )
+    func = function_def(generate_stub([entry]), "plan")
+    names = [a.arg for a in func.args.args]
+    assert names == ["b", "d", "a", "c"]
+    # Defaults line up with the tail: the two optional ones, both None.
+    assert [ast.literal_eval(d) for d in func.args.defaults] == [None, None]
+    assert func.args.vararg is None and func.args.kwarg is None
+    assert [ast.unparse(a.annotation) if a.annotation else None for a in func.args.args] == [
+        "int",
+        "bool",
+        "str",
+        None,
+    ]
+
+
+def test_keyword_parameter_goes_through_kwargs() -> None:
+    source = generate_stub([SCHEMAS[2]])  # move(from, to)
+    func = function_def(source, "move")
+    assert [a.arg for a in func.args.args] == ["to"]
+    assert func.args.kwarg is not None and func.args.kwarg.arg == "kwargs"
+    doc = ast.get_docstring(func) or ""
+    assert "from (string, required)" in doc
+    assert "Pass from as keyword arguments" in doc
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *["class", "from", "None", "_x", "_call", "kwargs", "retry", "json_parse"],
+        *["ToolCallError", "1abc", "has space", "dash-ed", "", None, 5],
+    ],
+)
+def test_unusable_tool_name_raises_stub_error(name: Any) -> None:
+    with pytest.raises(StubError):
+        generate_stub([{"name": name, "parameters": {}}])
+    with pytest.raises(StubError):
+        tool_function_source({"type": "function", "function": {"name": name}})
+
+
+DOC = (
+    "Quotes \"\"\"inside\"\"\" and '''these''', a backslash \\ ,"
+    " a \\n that is not a newline, C:\\dir\\"
+)
+
+
+def test_docstring_with_quotes_and_backslashes_survives() -> None:
+    entry = schema("odd", {"p": {"type": "string", "description": 'say """hi""" \\o/'}}, [], DOC)
+    source = generate_stub([entry])
+    doc = ast.get_docstring(function_def(source, "odd"))
+    assert doc is not None
+    assert doc.splitlines()[0] == DOC
+    assert 'p (string, optional): say """hi""" \\o/' in doc
+    namespace: dict[str, Any] = {}
+    exec(compile(tool_function_source(entry), "<stub>", "exec"), namespace)  # defines odd()
+    assert namespace["odd"].__doc__.splitlines()[0] == DOC
+
+
+def test_stub_parses_as_python_38() -> None:
+    source = generate_stub(SCHEMAS)
+    tree = ast.parse(source, feature_version=(3, 8))
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {entry["function"]["name"] for entry in SCHEMAS} <= defined
+    assert {"json_parse", "shell_quote", "retry", "_call"} <= defined
+    exported = next(
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+    )
+    assert ast.literal_eval(exported)[: len(SCHEMAS)] == [e["function"]["name"] for e in SCHEMAS]
+
+
+def test_empty_stub_parses() -> None:
+    source = generate_stub([])
+    ast.parse(source, feature_version=(3, 8))
+    assert "Tools: (none)." in source
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(schema("nul", {}, [], "a NUL \x00 in the description"), id="nul-in-doc"),
+        pytest.param(
+            schema("dup", {"a": {"type": "string"}}, ["a", "a"]), id="required-listed-twice"
+        ),
+        pytest.param(
+            schema("many", {"x": {"type": ["string", "null"], "enum": ["a", None]}}, []),
+            id="type-list-and-enum",
+        ),
+    ],
+)
+def test_odd_schemas_compile_or_are_refused(entry: dict[str, Any]) -> None:
+    # A schema may be refused with StubError, but it must never produce a module that
+    # does not compile: that would break every script of the run at import.
+    try:
+        source = generate_stub([entry])
+    except StubError:
+        return
+    compile(source, "hermes_tools.py", "exec")
+    ast.parse(source, feature_version=(3, 8))
