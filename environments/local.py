@@ -48,6 +48,7 @@ class LocalEnvironment(Environment):
         self.marker = secrets.token_hex(12)
         self._env = dict(os.environ if env is None else env)
         self._env[MARKER_VAR] = self.marker
+        self._marker_entry = f"{MARKER_VAR}={self.marker}".encode()
         self._python = python or sys.executable
         self.kill_grace = kill_grace
         self._closed = False
@@ -63,10 +64,11 @@ class LocalEnvironment(Environment):
         if self._closed:
             return
         self._closed = True
-        marker = f"{MARKER_VAR}={self.marker}".encode()
-        await anyio.to_thread.run_sync(
-            kill_processes, lambda: _pids_with_environ(marker), self.kill_grace
-        )
+        marker = self._marker_entry
+        with anyio.CancelScope(shield=True):  # a cancelled caller must not leave strays
+            await anyio.to_thread.run_sync(
+                kill_processes, lambda: _pids_with_environ(marker), self.kill_grace
+            )
 
     def _child_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         merged = dict(self._env if env is None else env)
@@ -85,7 +87,7 @@ class LocalEnvironment(Environment):
             env=self._child_env(env),
             start_new_session=True,
         )
-        return LocalProcess(process)
+        return LocalProcess(process, self._marker_entry)
 
     async def execute(
         self,
@@ -104,7 +106,7 @@ class LocalEnvironment(Environment):
             env=self._child_env(None),
             start_new_session=True,
         )
-        handle = LocalProcess(process)
+        handle = LocalProcess(process, self._marker_entry)
         output = HeadTailBuffer(max_output_bytes)
 
         async def pump() -> None:
@@ -173,8 +175,9 @@ class LocalEnvironment(Environment):
 
 
 class LocalProcess(SandboxProcess):
-    def __init__(self, process: anyio.abc.Process) -> None:
+    def __init__(self, process: anyio.abc.Process, marker: bytes) -> None:
         self._process = process
+        self._marker = marker
         assert process.stdout is not None
         self.stdout = process.stdout
         self.stderr = process.stderr or _EmptyStream()
@@ -198,6 +201,10 @@ class LocalProcess(SandboxProcess):
                 found.add(pid)
             except psutil.Error:
                 pass
+            if self._process.returncode is not None:
+                # The root has been reaped, so its pid (and session id) may already
+                # belong to someone else: only take processes that carry our marker.
+                found &= _pids_with_environ(self._marker, among=found)
             return found
 
         await anyio.to_thread.run_sync(kill_processes, members, grace)
@@ -259,12 +266,12 @@ def _pids_in_session(sid: int) -> set[int]:
     return found
 
 
-def _pids_with_environ(marker: bytes) -> set[int]:
-    """Processes whose environment holds ``marker`` (``NAME=value`` bytes)."""
+def _pids_with_environ(marker: bytes, among: Iterable[int] | None = None) -> set[int]:
+    """Processes (of all, or ``among``) whose environment holds ``marker`` (``NAME=value``)."""
     found = set()
     me = os.getpid()
     use_proc = os.path.isdir("/proc")
-    for pid in _all_pids():
+    for pid in _all_pids() if among is None else among:
         if pid == me:
             continue
         try:

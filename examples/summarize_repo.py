@@ -17,7 +17,7 @@ with ThreadPoolExecutor(max_workers=8) as pool:
     results = list(pool.map(lambda path: read_file(path, limit=5000), files))
 
 sizes = {}
-for path, result in zip(files, results):
+for path, result in zip(files, results, strict=True):
     if "error" in result:
         continue
     sizes[path] = result["total_lines"]

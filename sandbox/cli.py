@@ -14,7 +14,14 @@ from environments import BACKENDS, BackendError
 from sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
 from sandbox.runner import RunError, RunOptions, resolve_tools, run_code
 from stubs import StubError, generate_stub
-from tools import ToolModuleError, load_builtin_tools, load_tools_module, registry
+from tools import (
+    ToolModuleError,
+    ToolsetError,
+    load_builtin_tools,
+    load_tools_module,
+    registry,
+    tools_for_run,
+)
 
 USAGE_ERROR = 2
 
@@ -69,6 +76,14 @@ def _load_tools(modules: Sequence[str]) -> None:
             raise CLIError(str(exc)) from None
 
 
+def _selected_tools(args: argparse.Namespace) -> list[str] | None:
+    """--tools plus the tools of --toolsets; None (the default set) when neither is given."""
+    try:
+        return tools_for_run(_split_list(args.tools), _split_list(args.toolsets), registry)
+    except ToolsetError as exc:
+        raise CLIError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hermes-sandbox",
@@ -81,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tools",
         metavar="A,B,C",
         help="tools the script may call (default: every built-in sandbox tool)",
+    )
+    tool_args.add_argument(
+        "--toolsets",
+        metavar="A,B",
+        help="toolsets whose tools the script may call, added to --tools (e.g. file,terminal)",
     )
     tool_args.add_argument(
         "--tools-module",
@@ -146,8 +166,15 @@ async def _run_with_signals(code: str, options: RunOptions) -> ExecutionResult:
                     interrupt.set()
 
         tasks.start_soon(watch_signals)
-        result = await run_code(code, options, interrupt=interrupt)
+        try:
+            result = await run_code(code, options, interrupt=interrupt)
+        except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
+            failure: Exception | None = exc
+        else:
+            failure = None
         tasks.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     return result
 
 
@@ -158,7 +185,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     code = _read_script(args.script)
     options = RunOptions(
         backend=args.backend,
-        tools=_split_list(args.tools),
+        tools=_selected_tools(args),
         timeout=args.timeout,
         max_tool_calls=args.max_tool_calls,
         cwd=args.cwd,
@@ -173,7 +200,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_stub(args: argparse.Namespace) -> int:
     _load_tools(args.tools_module)
-    tools = resolve_tools(registry, _split_list(args.tools))
+    tools = resolve_tools(registry, _selected_tools(args))
     sys.stdout.write(generate_stub(registry.get_definitions(tools)))
     return 0
 
@@ -185,6 +212,7 @@ def _cmd_tools(args: argparse.Namespace) -> int:
         assert entry is not None
         state = "available" if registry.is_available(name) else "unavailable"
         summary = entry.description.split(". ")[0].strip()
+        summary += f" (needs {', '.join(entry.requires_env)})" if entry.requires_env else ""
         sys.stdout.write(f"{name:<16} {entry.toolset:<10} {state:<11} {summary}\n")
     return 0
 

@@ -115,7 +115,7 @@ def register_execute_code(
     ``options`` are the run defaults (backend, limits, ...); the tools a script may call
     are always derived from ``enabled_tools``.
     """
-    registry = registry or default_registry
+    registry = default_registry if registry is None else registry
     if registry is default_registry:
         load_builtin_tools()
     tools = sandbox_tools_for(registry, enabled_tools)
@@ -142,4 +142,7 @@ def register_execute_code(
         description="Run a Python script that can call tools; returns what it prints.",
         emoji="🐍",
         override=True,
+        # The handler words its own advice for the usual wrong calls (a shell command,
+        # code that is not a string); generic schema errors would say less.
+        validate_args=False,
     )

@@ -229,7 +229,8 @@ async def run_code(
     environment = _make_environment(options, base_env)
     gate: ToolGate | None = None
     try:
-        async with environment:
+        await environment.start()
+        try:
             stage = await environment.make_private_dir("hermes-sandbox-")
             try:
                 script_path = posixpath.join(stage, SCRIPT_NAME)
@@ -271,6 +272,9 @@ async def run_code(
             finally:
                 with anyio.CancelScope(shield=True):
                     await environment.remove_tree(stage)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await environment.aclose()
     finally:
         stdout.close()
     return _shape_result(

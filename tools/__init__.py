@@ -1,5 +1,8 @@
-"""What a tool is: the registry, its entries, and the built-in sandbox tools."""
+"""What a tool is: the registry, its entries, toolsets, argument handling, discovery,
+the ``@tool`` decorator, and the built-in sandbox tools."""
 
+from tools.decorator import tool
+from tools.discovery import discover_builtin_tools, discover_package, discover_tools_directory
 from tools.loader import ToolModuleError, load_builtin_tools, load_tools_module
 from tools.registry import (
     ToolContext,
@@ -9,19 +12,16 @@ from tools.registry import (
     tool_error,
     tool_result,
 )
-
-# Tools a script may call when the caller does not say (those that are registered).
-SANDBOX_TOOLS = (
-    "web_search",
-    "web_extract",
-    "read_file",
-    "write_file",
-    "search_files",
-    "patch",
-    "terminal",
+from tools.toolsets import (
+    BLOCKED_TOOLS,
+    SANDBOX_TOOLS,
+    Toolset,
+    ToolsetError,
+    create_toolset,
+    resolve_toolset,
+    resolve_toolsets,
+    tools_for_run,
 )
-# Never callable from inside a script, whatever the caller allows.
-BLOCKED_TOOLS = frozenset({"execute_code", "delegate_task"})
 
 __all__ = [
     "BLOCKED_TOOLS",
@@ -30,9 +30,19 @@ __all__ = [
     "ToolEntry",
     "ToolModuleError",
     "ToolRegistry",
+    "Toolset",
+    "ToolsetError",
+    "create_toolset",
+    "discover_builtin_tools",
+    "discover_package",
+    "discover_tools_directory",
     "load_builtin_tools",
     "load_tools_module",
     "registry",
+    "resolve_toolset",
+    "resolve_toolsets",
+    "tool",
     "tool_error",
     "tool_result",
+    "tools_for_run",
 ]

@@ -1,13 +1,17 @@
 """The file tools: read_file and write_file.
 
 They act in the run's environment (``ctx.environment``), so a script in a container
-reads and writes the container's files, never the host's.
+reads and writes the container's files, never the host's. Paths go through
+:mod:`tools.path_policy` first: resolved in the environment (``..`` and symlinks
+followed), kept inside the workspace root when the run has one, and for writes kept out
+of protected system paths. The tools then act on the resolved path they checked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tools.path_policy import PathRefused, resolve_for_read, resolve_for_write
 from tools.registry import ToolContext, registry, tool_error, tool_result
 
 MAX_READ_FILE_BYTES = 20 * 1024 * 1024  # refuse bigger files: total_lines needs them whole
@@ -93,15 +97,18 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
     except ValueError as exc:
         return tool_error(str(exc))
     env = ctx.environment
-    target = ctx.resolve(path)
     try:
-        info = await env.stat(target)
-    except FileNotFoundError:
-        return tool_error(f"File not found: {path}")
-    except PermissionError:
-        return tool_error(f"Permission denied: {path}")
-    except OSError as exc:
-        return tool_error(f"Cannot read {path}: {exc.strerror or exc}")
+        resolved = await resolve_for_read(ctx, path)
+    except PathRefused as exc:
+        return tool_error(str(exc), refused=True)
+    info = resolved.stat
+    if info is None:
+        if isinstance(resolved.error, FileNotFoundError):
+            return tool_error(f"File not found: {path}")
+        if isinstance(resolved.error, PermissionError):
+            return tool_error(f"Permission denied: {path}")
+        detail = resolved.error.strerror if resolved.error else None
+        return tool_error(f"Cannot read {path}: {detail or resolved.error}")
     if info.kind == "directory":
         return tool_error(
             f"{path} is a directory, not a file; list it with terminal('ls -la {path}')"
@@ -124,15 +131,19 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
             f"{path} looks like a binary file; read_file returns text only "
             "(inspect it with terminal('file ...') or 'xxd ... | head')"
         )
-    lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+    lines = _split_lines(data.decode("utf-8", "replace"))
     total = len(lines)
     chosen = lines[offset - 1 : offset - 1 + limit]
     content_parts: list[str] = []
+    cut_line: int | None = None
     size = 0
-    for line in chosen:
+    for number, line in enumerate(chosen, start=offset):
         if size + len(line) > MAX_RETURNED_CHARS and content_parts:
             break
-        content_parts.append(line[:MAX_RETURNED_CHARS])
+        if len(line) > MAX_RETURNED_CHARS:
+            line = line[:MAX_RETURNED_CHARS]
+            cut_line = number
+        content_parts.append(line)
         size += len(line)
     returned = len(content_parts)
     result: dict[str, Any] = {
@@ -145,6 +156,11 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
     }
     if result["truncated"]:
         result["next_offset"] = offset + returned
+    if cut_line is not None:
+        result["note"] = (
+            f"line {cut_line} is longer than {MAX_RETURNED_CHARS:,} characters and was cut; "
+            "read it with terminal(\"sed -n 'Np' FILE | cut -c1-...\")"
+        )
     return tool_result(result)
 
 
@@ -155,15 +171,30 @@ async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
         return tool_error("write_file needs a path (a non-empty string)")
     if not isinstance(content, str):
         return tool_error("write_file needs content as a string")
-    target = ctx.resolve(path)
+    try:
+        resolved = await resolve_for_write(ctx, path)
+    except PathRefused as exc:
+        return tool_error(str(exc), refused=True)
+    if resolved.stat is not None and resolved.stat.kind == "directory":
+        return tool_error(f"{path} is a directory; give a file path")
     data = content.encode("utf-8")
     try:
-        await ctx.environment.write_bytes(target, data, make_parents=True)
+        await ctx.environment.write_bytes(resolved.path, data, make_parents=True)
     except IsADirectoryError:
         return tool_error(f"{path} is a directory; give a file path")
     except OSError as exc:
         return tool_error(f"Cannot write {path}: {exc.strerror or exc}")
-    return tool_result(status="ok", path=target, bytes_written=len(data))
+    return tool_result(status="ok", path=resolved.path, bytes_written=len(data))
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines ending at "\\n" only, as grep -n and sed count them (str.splitlines also
+    breaks at form feeds, \\x1c-\\x1e and Unicode separators, which would skew offsets)."""
+    pieces = text.split("\n")
+    lines = [piece + "\n" for piece in pieces[:-1]]
+    if pieces[-1]:
+        lines.append(pieces[-1])
+    return lines
 
 
 registry.register(

@@ -1,21 +1,33 @@
-"""The terminal tool: run a foreground shell command where the script runs."""
+"""The terminal tool: run a foreground shell command where the script runs.
+
+Before running, the command goes through the run's approval policy (``ctx.approval``,
+a :class:`tools.approval.ApprovalPolicy`); a run without one gets a policy with no one to
+ask, so dangerous commands are refused by default.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tools.approval import ApprovalPolicy
 from tools.registry import ToolContext, registry, tool_error, tool_result
 
 DEFAULT_TIMEOUT = 180
 MAX_TIMEOUT = 3600
 MAX_OUTPUT_CHARS = 50_000
 
+# No callback: refuses every dangerous command. Holds no state, so it is shared.
+_REFUSING_POLICY = ApprovalPolicy()
+
 TERMINAL_SCHEMA = {
     "name": "terminal",
     "description": (
         "Run a shell command in the foreground and wait for it. Returns {output, exit_code}: "
         "output is stdout and stderr together, its middle cut out past 50,000 characters. "
-        "A command still running after timeout seconds is killed (exit_code 124)."
+        "A command still running after timeout seconds is killed (exit_code 124). "
+        "Dangerous commands (recursive deletes of broad paths, writes to disks or /etc, "
+        "piping downloads into a shell, stopping services...) need a human's approval: "
+        'without it the result is {"error": ..., "approval_required": true}.'
     ),
     "parameters": {
         "type": "object",
@@ -68,6 +80,10 @@ async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
         return tool_error(f"workdir does not exist: {cwd}")
     if info.kind != "directory":
         return tool_error(f"workdir is not a directory: {cwd}")
+    policy = ctx.approval if ctx.approval is not None else _REFUSING_POLICY
+    refusal = await policy.check(command)
+    if refusal is not None:
+        return tool_error(refusal, approval_required=True)
     done = await ctx.environment.execute(command, timeout=timeout, cwd=cwd)
     result: dict[str, Any] = {"output": _clip(done.output), "exit_code": done.exit_code}
     if done.timed_out:

@@ -1,0 +1,1176 @@
+"""Dangerous-command detection for the terminal tool, and the policy that asks a human.
+
+:func:`detect_dangerous` reads a shell command the way a shell would (quotes, escapes,
+``;``/``&&``/``||``/``|``/``&`` chains, ``$(...)``, backticks, process substitution) and
+checks it against :data:`DANGEROUS_PATTERNS`, a table of regexes that each carry a short
+reason. :class:`ApprovalPolicy` turns the findings into a decision: allowed by the
+permanent allowlist, approved earlier in the session, or put to the host's approval
+callback; with no callback a dangerous command is refused.
+
+How a command is read
+---------------------
+- Backslash-newlines are joined and whitespace is collapsed.
+- Every simple command of every chain is checked on its own, after stripping what only
+  wraps it: ``sudo``/``doas``/``pkexec`` and their options, ``env`` with its options and
+  ``X=Y`` assignments, leading ``X=Y``, ``command``, ``exec``, ``nohup``, ``nice``,
+  ``timeout DURATION``, ``xargs``, ``busybox`` and shell keywords (``then``, ``do``,
+  ``!``, ``{``...). The program is compared by its base name (``/bin/rm`` is ``rm``,
+  ``\\rm`` and ``'rm'`` are ``rm``); ``/etc/init.d/X stop`` reads as ``service X stop``.
+- Path arguments are normalised (``/tmp/../`` is ``/``, ``./`` is ``.``, ``~/`` is ``~``).
+- Nested code is checked too: the string of ``sh -c``/``bash -c``/``su -c``, ``eval``,
+  ``watch`` and ``ssh HOST CMD``, each ``$(...)``, backtick and ``<(...)``, the command of
+  ``find -exec``, and text piped into a shell by ``echo``/``printf`` or given to it with
+  ``<<<``. Here-document bodies are read as commands (``bash <<EOF`` runs them), which can
+  flag an innocent body.
+- Arguments are data: ``echo "rm -rf /"`` and ``grep 'DROP TABLE' schema.sql`` pass,
+  since neither runs what it names. SQL is the exception, because it travels as text to a
+  client (``psql -c "DROP TABLE t"``, ``echo 'DROP TABLE t' | sqlite3``): SQL patterns match
+  the text of any command except the search tools (grep, rg, ag, ack, git). Fork bombs are
+  matched anywhere in the command text.
+- Not analysed: code handed to other interpreters (``python -c``, ``perl -e``, ``node -e``),
+  variables whose value is not in the command (``rm -rf "$DIR"/``), scripts downloaded to a
+  file and run later. This is a net for accidents and obvious mistakes, not a sandbox.
+
+Scopes of a pattern
+-------------------
+``command``
+    the regex is searched in the arguments of a simple command (normalised, joined by one
+    space) whose program's base name fully matches ``programs``.
+``redirect``
+    searched in ``"PROGRAM OP TARGET"`` for each redirection (``" > /etc/x"`` when the
+    command is a bare redirection).
+``pipeline``
+    searched in the stages of a pipeline, each ``"PROGRAM ARGS"``, joined by ``" | "``.
+``text``
+    searched in the source text of each simple command, quotes kept.
+``script``
+    searched in the whole command, normalised.
+"""
+
+from __future__ import annotations
+
+import codecs
+import inspect
+import itertools
+import logging
+import posixpath
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+import anyio.to_thread
+
+log = logging.getLogger(__name__)
+
+Scope = Literal["command", "redirect", "pipeline", "text", "script"]
+MAX_NESTING = 8  # deeper nesting of sh -c / $(...) is refused as too complex to check
+MAX_CHECKED_CHARS = 1_000_000  # longer commands are refused as too long to check
+_CHECK_IN_THREAD_CHARS = 4_096  # longer commands are checked in a worker thread
+ALLOWLIST_REGEX_PREFIX = "re:"
+
+
+@dataclass(frozen=True, slots=True)
+class DangerousPattern:
+    """One row of the table: what to look for, where, and why it is dangerous."""
+
+    key: str
+    reason: str
+    scope: Scope
+    regex: re.Pattern[str]
+    programs: re.Pattern[str] | None = None  # command/redirect scope: fullmatch on program
+    unless_programs: re.Pattern[str] | None = None  # text scope: skip these programs
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A pattern that matched: its key and reason, and the text it matched in.
+
+    ``unit`` is the normalised source of the simple command, pipeline or whole command
+    the pattern matched; allowlist entries are tested against it.
+    """
+
+    key: str
+    reason: str
+    unit: str
+
+
+def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    return re.compile(pattern, flags)
+
+
+# -- building blocks of the table ------------------------------------------------------
+
+# An argument that names everything, a home, a top-level directory, or a second-level
+# one under /usr, /var, /home and the like...
+_BROAD_ABSOLUTE = (
+    r"(?:/\*?"
+    r"|/[^/ ]+(?:/\*)?"
+    r"|/(?:usr|var|home|Users|opt|srv|snap|boot|etc|lib|lib32|lib64|libx32|root)/[^/ ]+(?:/\*)?"
+    r"|~[\w.-]*(?:/\*)?|~[\w.-]*/\.[^/ ]+"
+    r"|\$HOME(?:/\*)?|\$\{HOME\}(?:/\*)?|\$HOME/\.[^/ ]+|\$\{HOME\}/\.[^/ ]+)"
+)
+# ...or the current or parent directory, or everything in one.
+_BROAD_RELATIVE = r"(?:\*|\.\*|\.(?:/\*)?|\.\.(?:/\.\.)*(?:/\*)?)"
+_BROAD_PATH = rf"(?:{_BROAD_ABSOLUTE}|{_BROAD_RELATIVE})"
+# find tests that narrow what is deleted: "find . -name '*.pyc' -delete" is routine.
+_FIND_NARROWING = (
+    r"-(?:i?name|i?path|i?wholename|i?regex|newer\w*|[acm](?:time|min)|size|empty|user"
+    r"|group|perm|inum|links|samefile|i?lname)"
+)
+_ARG = r"(?:^| )"  # the start of an argument
+_END = r"(?: |$)"  # the end of one
+
+
+def _has(argument: str) -> str:
+    """A lookahead: some argument is ``argument``. Use after ``^``, so it runs once."""
+    return rf"(?=.*{_ARG}{argument}{_END})"
+
+
+_RECURSIVE_FLAG = r"(?:-[a-zA-Z]*[rR][a-zA-Z]*|--recursive)"
+_BLOCK_DEVICE = (
+    r"/dev/(?:sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|rdisk\d|dm-\d|md\d"
+    r"|mapper/|loop\d|sr\d|mtdblock|nbd\d|zd\d)"
+)
+_WRITE_REDIRECT = r"(?:^| )(?:>|>>|>\||&>|&>>|<>) "
+_SYSTEM_BINARIES = r"/(?:etc|boot|bin|sbin|lib|lib32|lib64|libx32|usr/bin|usr/sbin|usr/lib)"
+_IN_PLACE = r"(?:-[a-zA-Z]*i\S*|--in-place\S*)"  # sed -i, -i.bak, perl -pi
+_SHELLS = r"(?:sh|bash|dash|zsh|ksh|mksh|ash|fish)"
+_INTERPRETERS = r"(?:sh|bash|dash|zsh|ksh|mksh|ash|fish|python[\d.]*|perl|ruby|node|php)"
+_DOWNLOADERS = r"(?:curl|wget|fetch|aria2c|http|https)"
+_SEARCH_TOOLS = _rx(r"grep|egrep|fgrep|rg|ag|ack|git")
+
+
+def _command(key: str, programs: str, regex: str, reason: str) -> DangerousPattern:
+    return DangerousPattern(key, reason, "command", _rx(regex), programs=_rx(programs))
+
+
+def _redirect(key: str, regex: str, reason: str) -> DangerousPattern:
+    return DangerousPattern(key, reason, "redirect", _rx(regex))
+
+
+def _sql(key: str, regex: str, reason: str) -> DangerousPattern:
+    return DangerousPattern(
+        key, reason, "text", _rx(regex, re.IGNORECASE), unless_programs=_SEARCH_TOOLS
+    )
+
+
+def _script(key: str, regex: str, reason: str) -> DangerousPattern:
+    return DangerousPattern(key, reason, "script", _rx(regex))
+
+
+_DELETES = r"(?:-delete|-exec(?:dir)? (?:\S*/)?rm)\b"
+
+DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
+    # -- deleting ---------------------------------------------------------------------
+    _command(
+        "rm-recursive-broad",
+        "rm",
+        rf"^{_has(_RECURSIVE_FLAG)}{_has(_BROAD_PATH)}",
+        "recursively deletes a broad path (the root, a home, a top-level or system "
+        "directory, the current or parent directory, or everything in one)",
+    ),
+    _command(
+        "rm-no-preserve-root",
+        "rm",
+        rf"{_ARG}--no-preserve-root{_END}",
+        "deletes with --no-preserve-root",
+    ),
+    _command(
+        "rm-system-files",
+        "rm|unlink|shred|rmdir",
+        rf"{_ARG}{_SYSTEM_BINARIES}(?:/|{_END})",
+        "deletes files of the operating system (/etc, /boot, /bin, /sbin, /lib, /usr/bin...)",
+    ),
+    _command(
+        "find-delete-broad",
+        "find",
+        rf"^(?:-[HLP] )*{_BROAD_ABSOLUTE} (?:.* )?{_DELETES}",
+        "deletes files found under the root, a home, or a top-level or system directory",
+    ),
+    _command(
+        "find-delete-everything",
+        "find",
+        rf"^(?!.* {_FIND_NARROWING}{_END})(?:-[HLP] )*{_BROAD_RELATIVE} (?:.* )?{_DELETES}",
+        "deletes everything under the current or parent directory",
+    ),
+    # -- disks ------------------------------------------------------------------------
+    _command(
+        "mkfs",
+        r"mkfs(?:\.\w+)?|mke2fs|mkswap|mkdosfs|mkntfs",
+        "",
+        "creates a filesystem, erasing what the device held",
+    ),
+    _command(
+        "disk-tool",
+        "fdisk|sfdisk|cfdisk|gdisk|sgdisk|parted|wipefs|shred|blkdiscard",
+        rf"^(?!.*{_ARG}-l{_END}).*{_ARG}/dev/",
+        "repartitions or wipes a disk device",
+    ),
+    _command(
+        "dd-to-device",
+        "dd",
+        rf"{_ARG}of=/dev/(?!(?:null|zero|full|stdout|stderr|tty|fd/\d+){_END})",
+        "writes raw data to a device with dd",
+    ),
+    _redirect(
+        "redirect-to-block-device",
+        rf"{_WRITE_REDIRECT}{_BLOCK_DEVICE}",
+        "writes to a block device through a redirection",
+    ),
+    _command(
+        "copy-to-block-device",
+        "tee|cp|pv|cat",
+        rf"{_ARG}{_BLOCK_DEVICE}",
+        "writes to a block device",
+    ),
+    # -- databases --------------------------------------------------------------------
+    _sql(
+        "sql-drop",
+        r"\bdrop\s+(?:table|database|schema)\b",
+        "drops a database, schema or table (SQL DROP)",
+    ),
+    _sql(
+        "sql-delete-all",
+        r"\bdelete\s+from\s+[\\\"`\[]*[\w.$-]+[\\\"`\]]*(?![^;'\"]*\bwhere\b)",
+        "deletes every row of a table (SQL DELETE FROM without WHERE)",
+    ),
+    _sql("sql-truncate", r"\btruncate\s+table\b", "empties a table (SQL TRUNCATE TABLE)"),
+    # -- system configuration ---------------------------------------------------------
+    _redirect(
+        "etc-redirect",
+        rf"{_WRITE_REDIRECT}/etc(?:/|$)",
+        "writes a file under /etc through a redirection",
+    ),
+    _command("etc-tee", "tee", rf"{_ARG}/etc(?:/|{_END})", "writes a file under /etc with tee"),
+    _command(
+        "etc-edit-in-place",
+        "sed|perl",
+        rf"^{_has(_IN_PLACE)}.*{_ARG}/etc/",
+        "edits a file under /etc in place",
+    ),
+    _command(
+        "etc-copy-into",
+        "cp|install|rsync|ln",
+        rf"{_ARG}(?:-t |--target-directory=)/etc(?:/|{_END})|{_ARG}/etc(?:/\S*)?$",
+        "copies, moves or links a file into /etc",
+    ),
+    _command(
+        "etc-modify",
+        "mv|rm|unlink|shred|truncate|touch|mkdir|rmdir|chmod|chown|chgrp|chattr|setfacl|dd",
+        rf"{_ARG}(?:of=)?/etc(?:/|{_END})",
+        "moves, deletes or changes a file under /etc",
+    ),
+    _command(
+        "accounts",
+        "useradd|userdel|usermod|groupadd|groupdel|groupmod|chpasswd|visudo",
+        "",
+        "changes system accounts or sudo rights",
+    ),
+    _command(
+        "crontab-remove",
+        "crontab",
+        rf"{_ARG}-[a-zA-Z]*r[a-zA-Z]*{_END}",
+        "removes every cron job of a user",
+    ),
+    # -- running downloaded code ------------------------------------------------------
+    DangerousPattern(
+        "download-pipe-shell",
+        "pipes a download straight into a shell or interpreter",
+        "pipeline",
+        # a downloader, maybe more stages, then an interpreter given only options:
+        # it runs what it reads ("python3 -m json.tool" has an operand, and passes)
+        _rx(
+            rf"(?:^|\| ){_DOWNLOADERS}(?: [^|]*)? \|(?: [^|]*\|)*? {_INTERPRETERS}"
+            r"(?: [-+][\w-]*)*(?: --(?: [^|]*)?)?(?: \||$)"
+        ),
+    ),
+    _command(
+        "download-substitution-shell",
+        rf"{_INTERPRETERS}|source|\.|eval",
+        rf"(?:<\(|\$\(|`)\s*(?:\S*/)?{_DOWNLOADERS}\b",
+        "runs a download in a shell or interpreter (<(curl ...), $(curl ...))",
+    ),
+    _redirect(
+        "download-redirect-shell",
+        rf"^{_INTERPRETERS} (?:<|<<<) .*(?:<\(|\$\(|`)\s*(?:\S*/)?{_DOWNLOADERS}\b",
+        "feeds a download into a shell or interpreter",
+    ),
+    # -- processes and services -------------------------------------------------------
+    _script(
+        "fork-bomb",
+        r"(?<![^\s;&|(){}])(?P<f>[^\s(){}|&;<>]++)\s*\(\s*\)\s*\{[^}]*?(?<![\w:.-])(?P=f)\s*\|\s*&?\s*"
+        r"(?P=f)\s*&",
+        "is a fork bomb",
+    ),
+    _script(
+        "fork-bomb-function",
+        r"\bfunction\s+(?P<f>[^\s(){}|&;<>]++)\s*(?:\(\s*\))?\s*\{[^}]*?(?<![\w:.-])"
+        r"(?P=f)\s*\|\s*&?\s*(?P=f)\s*&",
+        "is a fork bomb",
+    ),
+    _script(
+        "fork-loop",
+        r"\bfork\s+while\s+fork\b|while\s+(?:True|1)\s*:\s*os\.fork\(\)",
+        "forks in an endless loop",
+    ),
+    _command(
+        "kill-all",
+        "kill",
+        rf"^(?:(?:-s|-n|--signal) \S+ |-\S+ )+?(?:-- )?-1{_END}|^-- -1{_END}",
+        "signals every process (kill ... -1)",
+    ),
+    _command("killall5", "killall5", "", "signals every process (killall5)"),
+    _command(
+        "kill-user-processes",
+        "pkill|killall",
+        rf"{_ARG}(?:-u|-U|--euid|--uid|--user)(?:[ =]|$)",
+        "kills every process of a user",
+    ),
+    _command(
+        "systemctl-stop",
+        "systemctl",
+        rf"{_ARG}(?:stop|restart|try-restart|reload-or-restart|try-reload-or-restart|disable"
+        r"|mask|kill|isolate|halt|poweroff|reboot|kexec|suspend|hibernate|rescue|emergency"
+        rf"|daemon-reexec){_END}",
+        "stops, restarts or disables a system service, or changes the system state",
+    ),
+    _command(
+        "service-stop",
+        "service|rc-service|invoke-rc.d",
+        rf"^(?:-\S+ )*\S+ (?:stop|restart|force-reload|force-stop|zap){_END}",
+        "stops or restarts a system service",
+    ),
+    _command(
+        "shutdown",
+        "shutdown|reboot|halt|poweroff|kexec",
+        "",
+        "shuts down or reboots the machine",
+    ),
+    _command(
+        "init-runlevel",
+        "init|telinit",
+        rf"^[06]{_END}",
+        "shuts down or reboots the machine (runlevel 0 or 6)",
+    ),
+    # -- permissions ------------------------------------------------------------------
+    _command(
+        "chmod-recursive-broad",
+        "chmod|chown|chgrp",
+        rf"^{_has(_RECURSIVE_FLAG)}{_has(_BROAD_PATH)}",
+        "recursively changes permissions or owners of a broad path",
+    ),
+)
+"""The table: every pattern with its key (used in session approvals) and reason."""
+
+
+# -- reading a command ---------------------------------------------------------------
+
+_CONTROL_OPERATORS = ("&&", "||", ";;&", ";;", ";&", "|&", ";", "&", "|", "(", ")", "\n")
+_REDIRECTIONS = ("&>>", "&>", "<<<", "<<-", "<<", ">>", ">|", ">&", "<&", "<>", ">", "<")
+_OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
+_OPERATOR_RX = re.compile("|".join(re.escape(op) for op in _OPERATORS))
+_PLAIN_RUN = re.compile(r"[^\s\\'\"$`<>|&;()#]+")  # characters that are only themselves
+_PIPES = ("|", "|&")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
+_KEYWORDS = frozenset({"!", "{", "}", "if", "then", "else", "elif", "do", "while", "until", "time"})
+_SHELL_NAMES = re.compile(_SHELLS)
+
+# Programs that only wrap the command after them: name -> (options that take a value,
+# positional arguments before the command).
+_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
+    "sudo": (
+        frozenset(
+            {"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-T", "-U", "--user", "--group"}
+            | {"--host", "--prompt", "--chdir", "--role", "--type", "--other-user"}
+            | {"--close-from", "--command-timeout"}
+        ),
+        0,
+    ),
+    "doas": (frozenset({"-u", "-C"}), 0),
+    "pkexec": (frozenset({"--user"}), 0),
+    "runuser": (frozenset({"-u", "-g", "-G", "--user", "--group", "--supp-group"}), 0),
+    "command": (frozenset(), 0),
+    "builtin": (frozenset(), 0),
+    "exec": (frozenset({"-a"}), 0),
+    "nohup": (frozenset(), 0),
+    "setsid": (frozenset(), 0),
+    "time": (frozenset({"-f", "-o", "--format", "--output"}), 0),
+    "nice": (frozenset({"-n", "--adjustment"}), 0),
+    "ionice": (frozenset({"-c", "-n", "-p", "--class", "--classdata"}), 0),
+    "timeout": (frozenset({"-s", "-k", "--signal", "--kill-after"}), 1),
+    "stdbuf": (frozenset({"-i", "-o", "-e"}), 0),
+    "unbuffer": (frozenset(), 0),
+    "chroot": (frozenset({"--userspec", "--groups"}), 1),
+    "taskset": (frozenset(), 1),
+    "busybox": (frozenset(), 0),
+    "xargs": (
+        frozenset({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file"})
+        | {"--delimiter", "--max-args", "--max-procs", "--max-lines", "--replace"}
+        | {"--process-slot-var", "--max-chars", "--eof"},
+        0,
+    ),
+}
+_ENV_VALUE_OPTIONS = frozenset({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"})
+_SHELL_VALUE_OPTIONS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
+_SSH_VALUE_OPTIONS = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
+_WATCH_VALUE_OPTIONS = frozenset({"-n", "--interval", "-q", "--equexit"})
+
+
+@dataclass(slots=True)
+class _Word:
+    text: str  # after quote removal
+    start: int
+    end: int
+    substitutions: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Operator:
+    text: str
+    start: int
+
+
+@dataclass(slots=True)
+class _SimpleCommand:
+    words: list[_Word] = field(default_factory=list)
+    redirects: list[tuple[str, _Word]] = field(default_factory=list)
+    start: int = -1
+    end: int = -1
+
+    def cover(self, start: int, end: int) -> None:
+        self.start = start if self.start < 0 else self.start
+        self.end = end
+
+
+def normalise_command(command: str) -> str:
+    """The command with backslash-newlines joined and whitespace collapsed to one space.
+
+    This is the form allowlist entries and session approvals are compared in.
+    """
+    return " ".join(command.replace("\\\n", "").split())
+
+
+def _matching_close(text: str, open_index: int, opener: str = "(", closer: str = ")") -> int:
+    """Index of the bracket closing the one at ``open_index`` (len(text) if unclosed)."""
+    depth = 0
+    i = open_index
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "'" and opener == "(":
+            close = text.find("'", i + 1)
+            i = n if close < 0 else close + 1
+            continue
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            continue
+        if c == opener:
+            depth += 1
+        elif c == closer:
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return n
+
+
+def _ansi_c(body: str) -> str:
+    try:
+        return codecs.decode(body.encode("latin-1", "backslashreplace"), "unicode_escape")
+    except (UnicodeDecodeError, ValueError):
+        return body
+
+
+def _tokenize(text: str) -> list[_Word | _Operator]:
+    """Split shell text into words (quotes removed) and operators. Lenient: an
+    unterminated quote or bracket runs to the end of the text."""
+    tokens: list[_Word | _Operator] = []
+    n = len(text)
+    i = 0
+    parts: list[str] | None = None
+    subs: list[str] = []
+    start = 0
+
+    def begin() -> list[str]:
+        nonlocal parts, start
+        if parts is None:
+            parts = []
+            start = i
+        return parts
+
+    def flush(end: int) -> None:
+        nonlocal parts, subs
+        if parts is not None:
+            tokens.append(_Word("".join(parts), start, end, subs))
+        parts = None
+        subs = []
+
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            if text.startswith("\\\n", i):
+                i += 2
+                continue
+            begin().append(text[i + 1 : i + 2])
+            i += 2
+            continue
+        if c in " \t\r":
+            flush(i)
+            i += 1
+            continue
+        if c == "#" and parts is None:
+            newline = text.find("\n", i)
+            i = n if newline < 0 else newline
+            continue
+        if c == "'":
+            close = text.find("'", i + 1)
+            close = n if close < 0 else close
+            begin().append(text[i + 1 : close])
+            i = close + 1
+            continue
+        if c == '"':
+            word = begin()
+            i += 1
+            while i < n and text[i] != '"':
+                d = text[i]
+                if d == "\\" and i + 1 < n:
+                    nxt = text[i + 1]
+                    if nxt != "\n":
+                        word.append(nxt if nxt in '$`"\\' else "\\" + nxt)
+                    i += 2
+                elif d == "$" and text.startswith("$(", i):
+                    close = _matching_close(text, i + 1)
+                    subs.append(text[i + 2 : close])
+                    word.append(text[i : close + 1])
+                    i = close + 1
+                elif d == "$" and text.startswith("${", i):
+                    close = _matching_close(text, i + 1, "{", "}")
+                    word.append(text[i : close + 1])
+                    i = close + 1
+                elif d == "`":
+                    close = text.find("`", i + 1)
+                    close = n if close < 0 else close
+                    subs.append(text[i + 1 : close])
+                    word.append(text[i : close + 1])
+                    i = close + 1
+                else:
+                    word.append(d)
+                    i += 1
+            i += 1
+            continue
+        if c == "$" and text.startswith("$'", i):
+            close = i + 2
+            while close < n and text[close] != "'":
+                close += 2 if text[close] == "\\" else 1
+            begin().append(_ansi_c(text[i + 2 : close]))
+            i = close + 1
+            continue
+        if c == "$" and text.startswith("$(", i):
+            close = _matching_close(text, i + 1)
+            begin().append(text[i : close + 1])
+            subs.append(text[i + 2 : close])
+            i = close + 1
+            continue
+        if c == "$" and text.startswith("${", i):
+            close = _matching_close(text, i + 1, "{", "}")
+            begin().append(text[i : close + 1])
+            i = close + 1
+            continue
+        if c == "`":
+            close = text.find("`", i + 1)
+            close = n if close < 0 else close
+            begin().append(text[i : close + 1])
+            subs.append(text[i + 1 : close])
+            i = close + 1
+            continue
+        if c in "<>" and text.startswith("(", i + 1):
+            close = _matching_close(text, i + 1)
+            begin().append(text[i : close + 1])
+            subs.append(text[i + 2 : close])
+            i = close + 1
+            continue
+        plain = _PLAIN_RUN.match(text, i)
+        if plain is not None:
+            begin().append(plain.group())
+            i = plain.end()
+            continue
+        found = _OPERATOR_RX.match(text, i)
+        if found is not None:
+            operator = found.group()
+            if operator in _REDIRECTIONS and parts is not None and "".join(parts).isdigit():
+                parts = None  # "2>": the digits name a file descriptor, not a word
+                subs = []
+            else:
+                flush(i)
+            tokens.append(_Operator(operator, i))
+            i += len(operator)
+            continue
+        begin().append(c)
+        i += 1
+    flush(n)
+    return tokens
+
+
+def _parse(text: str) -> list[list[_SimpleCommand]]:
+    """The pipelines of ``text``, each a list of simple commands."""
+    pipelines: list[list[_SimpleCommand]] = []
+    pipeline: list[_SimpleCommand] = []
+    command = _SimpleCommand()
+    redirect: str | None = None
+
+    def end_command() -> None:
+        nonlocal command
+        if command.words or command.redirects:
+            pipeline.append(command)
+        command = _SimpleCommand()
+
+    def end_pipeline() -> None:
+        nonlocal pipeline
+        end_command()
+        if pipeline:
+            pipelines.append(pipeline)
+        pipeline = []
+
+    for token in _tokenize(text):
+        if isinstance(token, _Word):
+            if redirect is not None:
+                command.redirects.append((redirect, token))
+                redirect = None
+            else:
+                command.words.append(token)
+            command.cover(token.start, token.end)
+        elif token.text in _REDIRECTIONS:
+            redirect = token.text
+            command.cover(token.start, token.start + len(token.text))
+        elif token.text in _PIPES:
+            redirect = None
+            end_command()
+        else:
+            redirect = None
+            end_pipeline()
+    end_pipeline()
+    return pipelines
+
+
+def _normalise_path(word: str) -> str:
+    if "/" not in word and word not in (".", ".."):
+        return word
+    glob = word.endswith("/*")
+    path = posixpath.normpath(word[:-2] if glob else word)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if glob:
+        path = "/*" if path == "/" else path + "/*"
+    return "*" if path == "./*" else path
+
+
+def _skip_options(args: list[str], i: int, takes_value: frozenset[str]) -> int:
+    """Index of the first argument after the options starting at ``i``."""
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return i + 1
+        if not arg.startswith("-") or arg == "-":
+            return i
+        i += 2 if arg in takes_value else 1
+    return i
+
+
+def _unwrap(args: list[str]) -> list[str]:
+    """The command a wrapper chain runs: ``sudo env X=1 nice rm -rf /`` -> ``rm -rf /``."""
+    i = 0
+    while i < len(args):
+        word = args[i]
+        name = posixpath.basename(word)
+        if word in _KEYWORDS or _ASSIGNMENT.match(word):
+            i += 1
+        elif name == "env":
+            i += 1
+            while i < len(args):
+                arg = args[i]
+                if arg in ("-S", "--split-string") and i + 1 < len(args):
+                    args = args[: i + 1] + args[i + 1].split() + args[i + 2 :]
+                    i += 1
+                elif arg.startswith("--split-string="):
+                    args = args[:i] + arg.partition("=")[2].split() + args[i + 1 :]
+                elif arg == "--":
+                    i += 1
+                    break
+                elif arg in _ENV_VALUE_OPTIONS:
+                    i += 2
+                elif (arg.startswith("-") and arg != "-") or _ASSIGNMENT.match(arg):
+                    i += 1
+                else:
+                    break
+        elif name == "command" and i + 1 < len(args) and args[i + 1] in ("-v", "-V"):
+            return []  # only looks the name up
+        elif name in _WRAPPERS:
+            takes_value, positional = _WRAPPERS[name]
+            i = _skip_options(args, i + 1, takes_value) + positional
+        else:
+            break
+    return args[i:]
+
+
+@dataclass(slots=True)
+class _Invocation:
+    """A simple command with its wrappers removed."""
+
+    program: str
+    args: list[str]  # normalised
+    raw_args: list[str]  # as the shell passes them (quotes removed)
+
+    @property
+    def args_text(self) -> str:
+        return " ".join(self.args)
+
+    @property
+    def text(self) -> str:
+        return f"{self.program} {self.args_text}".strip()
+
+
+def _invocation(words: list[str]) -> _Invocation | None:
+    argv = _unwrap(words)
+    if not argv:
+        return None
+    program, raw = argv[0], argv[1:]
+    if program.startswith("/etc/init.d/"):
+        program, raw = "service", [posixpath.basename(program), *raw]
+    return _Invocation(posixpath.basename(program), [_normalise_path(a) for a in raw], raw)
+
+
+def _shell_code(invocation: _Invocation) -> tuple[str | None, bool]:
+    """For a shell: (the -c string or None, whether it reads its script from stdin)."""
+    args = invocation.raw_args
+    has_c = False
+    reads_stdin = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in _SHELL_VALUE_OPTIONS:
+            i += 2
+            continue
+        if arg == "-" or not (arg.startswith("-") or arg.startswith("+")):
+            break
+        if not arg.startswith("--"):
+            has_c = has_c or "c" in arg[1:]
+            reads_stdin = reads_stdin or "s" in arg[1:]
+        i += 1
+    operand = args[i] if i < len(args) else None
+    if has_c:
+        return operand, False
+    return None, reads_stdin or operand is None or operand == "-"
+
+
+def _nested_code(invocation: _Invocation) -> list[str]:
+    """Shell code that ``invocation`` runs from its arguments: sh -c, su -c, eval..."""
+    program, args = invocation.program, invocation.raw_args
+    if _SHELL_NAMES.fullmatch(program):
+        code, _ = _shell_code(invocation)
+        return [code] if code is not None else []
+    if program in ("su", "runuser"):
+        found = []
+        for i, arg in enumerate(args):
+            if arg in ("-c", "--command") and i + 1 < len(args):
+                found.append(args[i + 1])
+            elif arg.startswith("--command="):
+                found.append(arg.partition("=")[2])
+        return found
+    if program == "eval":
+        return [" ".join(args)] if args else []
+    if program == "watch":
+        rest = args[_skip_options(args, 0, _WATCH_VALUE_OPTIONS) :]
+        return [" ".join(rest)] if rest else []
+    if program == "ssh":
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "--":
+            flag = args[i]
+            i += 2 if len(flag) == 2 and flag[1] in _SSH_VALUE_OPTIONS else 1
+        if i < len(args) and args[i] == "--":
+            i += 1
+        rest = args[i + 1 :]  # args[i] is the host
+        return [" ".join(rest)] if rest else []
+    if program == "find":
+        found = []
+        current: list[str] | None = None
+        for arg in args:
+            if current is None:
+                if arg in ("-exec", "-execdir", "-ok", "-okdir"):
+                    current = []
+            elif arg in (";", "+"):
+                found.append(" ".join(_shell_quote(a) for a in current))
+                current = None
+            else:
+                current.append(arg)
+        if current:
+            found.append(" ".join(_shell_quote(a) for a in current))
+        return found
+    return []
+
+
+def _shell_quote(word: str) -> str:
+    if word and re.fullmatch(r"[\w@%+=:,./~{}*$-]+", word):
+        return word
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def _echoed_text(invocation: _Invocation) -> str | None:
+    """What ``echo``/``printf`` writes, roughly, or None for other programs."""
+    if invocation.program == "echo":
+        args = invocation.raw_args
+        while args and re.fullmatch(r"-[neE]+", args[0]):
+            args = args[1:]
+        return " ".join(args)
+    if invocation.program == "printf":
+        return " ".join(invocation.raw_args)
+    return None
+
+
+class _Detector:
+    """One detection pass: walks the command and its nested code, collecting findings."""
+
+    def __init__(self, patterns: Sequence[DangerousPattern]) -> None:
+        self.by_scope: dict[str, list[DangerousPattern]] = {}
+        for pattern in patterns:
+            self.by_scope.setdefault(pattern.scope, []).append(pattern)
+        self._for_program: dict[str, tuple[list[DangerousPattern], list[DangerousPattern]]] = {}
+        self.findings: dict[tuple[str, str], Finding] = {}
+
+    def add(self, pattern: DangerousPattern, unit: str) -> None:
+        self.findings.setdefault((pattern.key, unit), Finding(pattern.key, pattern.reason, unit))
+
+    def for_program(self, program: str) -> tuple[list[DangerousPattern], list[DangerousPattern]]:
+        """The command-scope and text-scope patterns that apply to ``program``."""
+        cached = self._for_program.get(program)
+        if cached is None:
+            command = [
+                p
+                for p in self.by_scope.get("command", ())
+                if p.programs is None or p.programs.fullmatch(program)
+            ]
+            text = [
+                p
+                for p in self.by_scope.get("text", ())
+                if p.unless_programs is None or not p.unless_programs.fullmatch(program)
+            ]
+            cached = self._for_program[program] = (command, text)
+        return cached
+
+    def run(self, text: str, depth: int = 0) -> None:
+        if depth > MAX_NESTING:
+            self.findings[("too-complex", text)] = Finding(
+                "too-complex",
+                f"nests shell code more than {MAX_NESTING} levels deep, too deep to check",
+                normalise_command(text),
+            )
+            return
+        if depth == 0:
+            whole = normalise_command(text)
+            for pattern in self.by_scope.get("script", ()):
+                if pattern.regex.search(whole):
+                    self.add(pattern, whole)
+        for pipeline in _parse(text):
+            invocations = [self.simple(text, command, depth) for command in pipeline]
+            if len(pipeline) > 1:
+                self.pipeline(text, pipeline, invocations, depth)
+
+    def simple(self, text: str, command: _SimpleCommand, depth: int) -> _Invocation | None:
+        unit = normalise_command(text[command.start : command.end])
+        for word in command.words:
+            for sub in word.substitutions:
+                self.run(sub, depth + 1)
+        for _, target in command.redirects:
+            for sub in target.substitutions:
+                self.run(sub, depth + 1)
+        invocation = _invocation([word.text for word in command.words])
+        program = invocation.program if invocation else ""
+        command_patterns, text_patterns = self.for_program(program)
+        for pattern in text_patterns:
+            if pattern.regex.search(unit):
+                self.add(pattern, unit)
+        if invocation is not None:
+            args_text = invocation.args_text
+            for pattern in command_patterns:
+                if pattern.regex.search(args_text):
+                    self.add(pattern, unit)
+        for operator, target in command.redirects:
+            rendered = f"{program} {operator} {_normalise_path(target.text)}"
+            for pattern in self.by_scope.get("redirect", ()):
+                if pattern.regex.search(rendered):
+                    self.add(pattern, unit)
+        if invocation is None:
+            return None
+        for code in _nested_code(invocation):
+            self.run(code, depth + 1)
+        if _SHELL_NAMES.fullmatch(program) and _shell_code(invocation)[1]:
+            for operator, target in command.redirects:
+                if operator == "<<<":
+                    self.run(target.text, depth + 1)
+        return invocation
+
+    def pipeline(
+        self,
+        text: str,
+        pipeline: list[_SimpleCommand],
+        invocations: list[_Invocation | None],
+        depth: int,
+    ) -> None:
+        unit = normalise_command(text[pipeline[0].start : pipeline[-1].end])
+        rendered = " | ".join(inv.text if inv else "" for inv in invocations)
+        for pattern in self.by_scope.get("pipeline", ()):
+            if pattern.regex.search(rendered):
+                self.add(pattern, unit)
+        for before, after in itertools.pairwise(invocations):
+            if before is None or after is None or not _SHELL_NAMES.fullmatch(after.program):
+                continue
+            echoed = _echoed_text(before)
+            if echoed is not None and _shell_code(after)[1]:
+                self.run(echoed, depth + 1)
+
+
+def detect_dangerous(
+    command: str, patterns: Sequence[DangerousPattern] = DANGEROUS_PATTERNS
+) -> list[Finding]:
+    """Every dangerous thing ``command`` does, by the patterns; [] when none.
+
+    Pure computation, about 30 us per simple command: call it in a worker thread for
+    very long commands.
+    """
+    if len(command) > MAX_CHECKED_CHARS:
+        return [
+            Finding(
+                "too-long",
+                f"is over {MAX_CHECKED_CHARS:,} characters, too long to check",
+                normalise_command(command[:200]) + " ...",
+            )
+        ]
+    detector = _Detector(patterns)
+    detector.run(command)
+    return list(detector.findings.values())
+
+
+# -- the policy ----------------------------------------------------------------------
+
+
+class Approval(StrEnum):
+    """What a human answered. ``ONCE`` allows this call only; ``SESSION`` the same
+    command for the policy's lifetime; ``ALWAYS`` adds it to the permanent allowlist."""
+
+    ONCE = "once"
+    SESSION = "session"
+    ALWAYS = "always"
+    DENY = "deny"
+
+
+ApprovalAnswer = Approval | str | bool | None
+# Typed loosely on purpose: whatever comes back is checked, and anything that is not an
+# ApprovalAnswer (or an awaitable of one) counts as a refusal.
+ApprovalCallback = Callable[[str, list[str]], object]
+AlwaysCallback = Callable[[str], object]
+
+_HOW_TO_ALLOW = (
+    "A human must approve it when asked, or add it to the command allowlist in the "
+    "hermes-sandbox config file. Do not try to get around this check; tell the user what "
+    "you wanted to run and why."
+)
+
+
+def _parse_answer(value: object) -> Approval | None:
+    if value is True:
+        return Approval.ONCE
+    if value is False or value is None:
+        return Approval.DENY
+    if isinstance(value, str):
+        try:
+            return Approval(value.strip().lower())
+        except ValueError:
+            return None
+    return None
+
+
+def _is_async_callable(fn: object) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    )
+
+
+class ApprovalPolicy:
+    """Who may allow a dangerous terminal command, and what has been allowed.
+
+    ``callback(command, reasons)`` asks the host (a human) about a dangerous command; it
+    may be a plain function (run in a worker thread, so it may block on a prompt) or a
+    coroutine function, and answers ``"once"``, ``"session"``, ``"always"`` or ``"deny"``
+    (or an :class:`Approval`; ``True`` means once, ``False``/``None`` deny). Without a
+    callback every dangerous command is refused.
+
+    ``allowlist`` holds the permanent entries from the host's config file. An entry is an
+    exact command, compared after :func:`normalise_command` with the whole command and
+    with each flagged part of it (the simple command, or for a pipe pattern the pipeline,
+    as written, wrappers included): ``systemctl restart nginx`` allows that command alone
+    and in ``cd /srv && systemctl restart nginx``, but not ``sudo systemctl restart
+    nginx``. An entry starting with ``re:`` is a regex that must match a flagged part in
+    full, e.g. ``re:(sudo )?systemctl restart (nginx|redis)``; it is never matched against
+    the whole chain, so ``re:rm -rf /tmp/.*`` cannot allow ``rm -rf /tmp/x; rm -rf /``. A
+    command runs when each of its findings is allowed by an entry or an earlier approval.
+
+    Session approvals are keyed by (pattern key, normalised whole command): approving
+    ``rm -rf ~/old`` for the session allows that exact command again, not every
+    recursive delete. ``always`` appends the normalised command to
+    :attr:`permanent_allowlist` (as an exact entry: a command that itself starts with
+    ``re:`` is stored as the escaped regex of itself) and calls ``on_always(entry)`` (sync
+    or async) so the host can save it; a failing ``on_always`` is logged, the approval
+    stands.
+
+    Safe to share between threads and event loops: state lives behind a lock that is
+    never held across an await. Two concurrent calls may both ask the callback.
+    """
+
+    def __init__(
+        self,
+        callback: ApprovalCallback | None = None,
+        *,
+        allowlist: Iterable[str] = (),
+        on_always: AlwaysCallback | None = None,
+        patterns: Sequence[DangerousPattern] = DANGEROUS_PATTERNS,
+    ) -> None:
+        """Raises ValueError naming an allowlist entry that is empty or a bad regex."""
+        self._callback = callback
+        self._on_always = on_always
+        self._patterns = tuple(patterns)
+        self._lock = threading.Lock()
+        self._entries: list[str] = []
+        self._exact: set[str] = set()
+        self._regexes: list[re.Pattern[str]] = []
+        self._session: set[tuple[str, str]] = set()
+        for entry in allowlist:
+            self._add_entry(entry)
+
+    def _add_entry(self, entry: str) -> None:
+        if not isinstance(entry, str) or not entry.strip():
+            raise ValueError(f"allowlist entries must be non-empty strings, got {entry!r}")
+        if entry.startswith(ALLOWLIST_REGEX_PREFIX):
+            source = entry[len(ALLOWLIST_REGEX_PREFIX) :]
+            try:
+                regex = re.compile(source)
+            except re.error as exc:
+                raise ValueError(f"allowlist entry {entry!r} is not a valid regex: {exc}") from exc
+            with self._lock:
+                if entry not in self._entries:
+                    self._entries.append(entry)
+                    self._regexes.append(regex)
+            return
+        normalised = normalise_command(entry)
+        with self._lock:
+            if normalised not in self._exact:
+                self._exact.add(normalised)
+                self._entries.append(normalised)
+
+    @property
+    def permanent_allowlist(self) -> list[str]:
+        """The permanent entries: the config's, then those answered ``always``."""
+        with self._lock:
+            return list(self._entries)
+
+    @property
+    def session_approvals(self) -> frozenset[tuple[str, str]]:
+        """(pattern key, normalised command) pairs approved for this session."""
+        with self._lock:
+            return frozenset(self._session)
+
+    def findings(self, command: str) -> list[Finding]:
+        """What is dangerous in ``command``, allowed or not."""
+        return detect_dangerous(command, self._patterns)
+
+    def _allowed(self, finding: Finding, normalised: str) -> bool:
+        with self._lock:
+            if (finding.key, normalised) in self._session:
+                return True
+            if normalised in self._exact or finding.unit in self._exact:
+                return True
+            return any(regex.fullmatch(finding.unit) for regex in self._regexes)
+
+    async def check(self, command: str) -> str | None:
+        """None if ``command`` may run, else the refusal message for the script.
+
+        Asks the callback when a dangerous part is not yet allowed. Never raises for a
+        failing callback: that refuses the command and says why.
+        """
+        normalised = normalise_command(command)
+        if len(command) > _CHECK_IN_THREAD_CHARS:
+            found = await anyio.to_thread.run_sync(self.findings, command)
+        else:
+            found = self.findings(command)
+        pending = [f for f in found if not self._allowed(f, normalised)]
+        if not pending:
+            return None
+        reasons = list(dict.fromkeys(f.reason for f in pending))
+        if self._callback is None:
+            return _refusal(reasons, "no one can approve dangerous commands in this run")
+        try:
+            raw = await self._ask(command, reasons)
+        except Exception as exc:
+            log.warning("approval callback failed for %r", command, exc_info=True)
+            return _refusal(reasons, f"asking for approval failed ({type(exc).__name__}: {exc})")
+        answer = _parse_answer(raw)
+        if answer is None:
+            return _refusal(reasons, f"the approval callback gave an unknown answer {raw!r}")
+        if answer is Approval.DENY:
+            return _refusal(reasons, "the human denied it")
+        if answer is Approval.SESSION:
+            with self._lock:
+                self._session.update((f.key, normalised) for f in pending)
+        elif answer is Approval.ALWAYS:
+            entry = normalised
+            if entry.startswith(ALLOWLIST_REGEX_PREFIX):
+                # never let a command become a regex: "re:.*|reboot" would allow anything
+                entry = ALLOWLIST_REGEX_PREFIX + re.escape(entry)
+            self._add_entry(entry)
+            with self._lock:
+                self._exact.add(normalised)
+            await self._persist(entry)
+        return None
+
+    async def _ask(self, command: str, reasons: list[str]) -> object:
+        callback = self._callback
+        assert callback is not None
+        if _is_async_callable(callback):
+            return await callback(command, list(reasons))  # type: ignore[misc]
+        result = await anyio.to_thread.run_sync(
+            callback, command, list(reasons), abandon_on_cancel=True
+        )
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _persist(self, entry: str) -> None:
+        if self._on_always is None:
+            return
+        try:
+            if _is_async_callable(self._on_always):
+                await self._on_always(entry)  # type: ignore[misc]
+            else:
+                result = await anyio.to_thread.run_sync(self._on_always, entry)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            log.warning("on_always failed to save allowlist entry %r", entry, exc_info=True)
+
+
+def _refusal(reasons: list[str], why: str) -> str:
+    listed = "; ".join(reasons)
+    return (
+        f"Command refused: it {listed}. Dangerous commands need a human's approval, and "
+        f"{why}. {_HOW_TO_ALLOW}"
+    )
