@@ -1,0 +1,170 @@
+"""End-to-end tests of the security envelope: the scrubbed environment, where the run's
+secrets travel (and where they do not), the socket's permissions and token check, and
+the removal of the staging directory."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+SECRET_NAMES = (
+    "OPENAI_API_KEY",
+    "MY_TOKEN",
+    "DB_PASSWORD",
+    "SENTRY_DSN",
+    "SLACK_WEBHOOK_URL",
+    "GH_AUTH",
+    "AWS_SECRET_ACCESS_KEY",
+    "SOME_CREDS",
+    "X_BEARER",
+    # Names that start like harmless ones but carry a secret marker.
+    "HOME_API_KEY",
+    "LC_SECRET",
+    "XDG_AUTH_TOKEN",
+    "TERM_PASSWD",
+    "PATH_CREDENTIALS",
+)
+SECRETS = {name: f"s3cr3t-value-of-{name.lower()}" for name in SECRET_NAMES}
+NOT_ALLOWLISTED = {"RANDOM_VAR": "random-value", "BYPASS_CACHE": "bypass-value"}
+ALLOWED = ("PATH", "HOME", "LANG")
+
+DUMP_ENV = """
+import json, os
+from hermes_tools import terminal
+shell = terminal("env")["output"]
+print(json.dumps({"script": dict(os.environ), "terminal": shell}))
+"""
+
+
+@pytest.fixture
+def host_secrets(monkeypatch):
+    for name, value in {**SECRETS, **NOT_ALLOWLISTED}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LANG", "C.UTF-8")
+
+
+def test_script_and_terminal_see_a_scrubbed_environment(run, host_secrets):
+    result = run(DUMP_ENV)
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    script_env, terminal_env = seen["script"], seen["terminal"]
+    for name in [*SECRETS, *NOT_ALLOWLISTED]:
+        assert name not in script_env, f"{name} reached the script"
+        assert f"{name}=" not in terminal_env, f"{name} reached the terminal tool"
+    for value in [*SECRETS.values(), *NOT_ALLOWLISTED.values()]:
+        assert value not in terminal_env
+        assert value not in script_env.values()
+    for name in ALLOWED:
+        assert script_env[name] == os.environ[name]
+        assert f"\n{name}={os.environ[name]}\n" in "\n" + terminal_env
+    # The run's own secret is the script's alone, not its shell commands'.
+    assert "HERMES_RPC_TOKEN" in script_env
+    assert "HERMES_RPC_TOKEN" not in terminal_env
+
+
+def test_explicit_env_passes(run, host_secrets):
+    result = run(DUMP_ENV, env={"RANDOM_VAR": "x"})
+    seen = json.loads(result.output)
+    assert seen["script"]["RANDOM_VAR"] == "x"
+    assert "BYPASS_CACHE" not in seen["script"]
+    assert "OPENAI_API_KEY" not in seen["script"]
+
+
+def test_token_and_socket_travel_in_the_environment_not_argv(run):
+    result = run(
+        """
+        import json, os, stat
+        sock = os.environ["HERMES_RPC_SOCKET"]
+        with open("/proc/self/cmdline", "rb") as f:
+            cmdline = f.read().decode()
+        with open("/proc/self/environ", "rb") as f:
+            environ = f.read().decode()
+        print(json.dumps({
+            "token": os.environ["HERMES_RPC_TOKEN"],
+            "socket": sock,
+            "cmdline": cmdline,
+            "environ": environ,
+            "socket_mode": stat.S_IMODE(os.stat(sock).st_mode),
+            "is_socket": stat.S_ISSOCK(os.stat(sock).st_mode),
+            "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode),
+        }))
+        """
+    )
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    assert len(seen["token"]) >= 32
+    assert seen["token"] not in seen["cmdline"]
+    assert seen["socket"] not in seen["cmdline"]
+    assert f"HERMES_RPC_TOKEN={seen['token']}" in seen["environ"].split("\0")
+    assert f"HERMES_RPC_SOCKET={seen['socket']}" in seen["environ"].split("\0")
+    assert seen["is_socket"]
+    assert seen["socket_mode"] == 0o600
+    assert seen["dir_mode"] == 0o700
+
+
+def test_each_run_gets_a_fresh_token(run):
+    code = "import os\nprint(os.environ['HERMES_RPC_TOKEN'])"
+    tokens = {run(code).output.strip() for _ in range(3)}
+    assert len(tokens) == 3
+    assert all(tokens)
+
+
+def test_wrong_token_is_refused_and_not_counted(run, tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("content\n")
+    result = run(
+        f"""
+        import json, os, socket, struct
+        import _hermes_msgpack as codec
+        from hermes_tools import read_file
+
+        def ask(message):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(os.environ["HERMES_RPC_SOCKET"])
+                body = codec.packb(message)
+                s.sendall(struct.pack(">I", len(body)) + body)
+                data = b""
+                while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                return codec.unpackb(data[4:])
+
+        request = {{"id": 7, "tool": "read_file", "args": {{"path": {str(data)!r}}}}}
+        replies = [
+            ask({{**request, "token": "wrong"}}),
+            ask({{**request, "token": ""}}),
+            ask({{**request, "token": os.environ["HERMES_RPC_TOKEN"][:-1]}}),
+            ask(request),  # no token at all
+        ]
+        good = read_file({str(data)!r})
+        print(json.dumps({{"replies": replies, "good": good}}))
+        """
+    )
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    for reply in seen["replies"]:
+        assert reply["id"] == 7
+        assert "result" not in reply
+        assert reply["error"]["kind"] == "unauthorized"
+    assert seen["good"]["content"] == "content\n"
+    assert result.tool_calls_made == 1  # only the authorized call
+
+
+PRINT_STAGE = """
+import os, time
+print(os.path.dirname(os.environ["HERMES_RPC_SOCKET"]), flush=True)
+time.sleep({sleep})
+"""
+
+
+@pytest.mark.parametrize(("sleep", "status"), [(0, "success"), (60, "timeout")])
+def test_staging_directory_is_removed(run, sleep, status):
+    result = run(PRINT_STAGE.format(sleep=sleep), timeout=1.5)
+    assert result.status == status
+    stage = result.output.splitlines()[0]
+    assert os.path.basename(stage).startswith("hermes-sandbox-")
+    assert not os.path.exists(stage)
