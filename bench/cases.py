@@ -1,0 +1,308 @@
+"""The table of measurable cases: every row the benchmark reports, found by id.
+
+A row is a :class:`Case`: an id, a label, how to measure one round of it, how to pool
+its rounds into figures, and a probe that says why it cannot run here (or ``None``).
+Transports and backends are entries in two small tables; the round-trip, payload and
+run rows are their product, so a transport or backend that lands becomes measurable
+by filling in its entry:
+
+- a transport is the ``execute_code`` options that select it; until ``RunOptions``
+  has those options its rows say "not available" with the reason;
+- a backend is looked up in :data:`environments.BACKENDS`, so its rows run as soon as
+  it is registered there (plus any options it needs, e.g. an image or a host).
+
+Nothing is faked: a case that cannot run reports why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from bench import stats, subject
+from bench.baselines import floor, jsonlines, polling
+from bench.settings import Settings
+from bench.workload import MiB
+from environments import BackendNotAvailable, get_environment_class
+from sandbox import RunOptions
+
+Sample = dict[str, Any]
+Probe = Callable[[], "str | None"]
+
+SECTIONS = {
+    "rtt": "1. Tool-call round trip, echo tool (16-byte payload)",
+    "cold": "3. Cold run of print(1) through the Python API, warm host",
+    "memory": "4. Host memory while a script prints to stdout",
+    "concurrent": "5. Concurrent runs, each making 20 tool calls",
+    "payload": "6. Large tool results, round trip",
+}
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a script's calls reach the host, selected by ``run_options``."""
+
+    name: str
+    label: str
+    run_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def probe(self) -> str | None:
+        fields = {f.name for f in dataclasses.fields(RunOptions)}
+        missing = [key for key in self.run_options if key not in fields]
+        if missing:
+            return (
+                f"the {self.label} transport is not built yet "
+                f"(RunOptions has no {missing[0]!r} option)"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where the script runs; ``run_options`` adds what the backend needs to start."""
+
+    name: str
+    run_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def probe(self) -> str | None:
+        try:
+            get_environment_class(self.name)
+        except BackendNotAvailable as exc:
+            return str(exc).split(";")[0]
+        return None
+
+    def options(self) -> dict[str, Any]:
+        return {"backend": self.name, **self.run_options}
+
+
+TRANSPORTS = (
+    Transport("unix", "Unix socket"),
+    Transport("relay", "stream relay", {"transport": "relay"}),
+    Transport("files", "files", {"transport": "files"}),
+)
+# Backends that can run on these machines (Docker through podman, SSH to a local sshd);
+# modal and daytona need their services, which cannot be reached from here.
+BACKENDS = (Backend("local"), Backend("docker"), Backend("ssh"))
+
+
+def _first_reason(*probes: Probe) -> str | None:
+    for probe in probes:
+        reason = probe()
+        if reason:
+            return reason
+    return None
+
+
+def _no_reason() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: ``measure`` runs one round, ``summarize`` pools the rounds into figures,
+    ``probe`` returns why the row cannot run here, or None."""
+
+    id: str
+    section: str
+    label: str
+    measure: Callable[[], Sample]  # one round; raises subject.NotAvailable
+    summarize: Callable[[list[Sample]], dict[str, Any]]
+    rounds: int = 1
+    probe: Probe = _no_reason
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "subject"  # or "baseline"
+
+
+def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
+    api = [x for s in samples for x in s["api_ms"]]
+    bare = [x for s in samples for x in s["bare_ms"]]
+    api_p50, bare_p50 = stats.median(api), stats.median(bare)
+    return {
+        "api_p50_ms": round(api_p50, 2),
+        "api_p90_ms": round(stats.percentile(api, 90), 2),
+        "bare_p50_ms": round(bare_p50, 2),
+        "bare_p90_ms": round(stats.percentile(bare, 90), 2),
+        "ratio": round(api_p50 / bare_p50, 2),
+        "runs": len(api),
+        "bare_argv": samples[0]["bare_argv"],
+    }
+
+
+def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
+    walls = [s["wall_s"] for s in samples]
+    runs = [x for s in samples for x in s["run_s"]]
+    total = sum(len(s["run_s"]) for s in samples)
+    correct = sum(s["correct"] for s in samples)
+    return {
+        "wall_p50_s": round(stats.median(walls), 3),
+        "wall_s": [round(w, 3) for w in walls],
+        "run_p50_s": round(stats.median(runs), 3),
+        "correct": correct,
+        "runs": total,
+        "all_correct": correct == total,
+        "wrong_examples": [w for s in samples for w in s["wrong"]][:3],
+    }
+
+
+def _summarize_payload(size: int) -> Callable[[list[Sample]], dict[str, Any]]:
+    def summarize(samples: list[Sample]) -> dict[str, Any]:
+        figures = stats.summarize_rtt(samples)
+        p50_ms = figures["p50_us"] / 1000
+        return {
+            "size_bytes": size,
+            "p50_ms": round(p50_ms, 2),
+            "p99_ms": round(figures["p99_us"] / 1000, 2),
+            "mb_per_s": round(size / 1e6 / (p50_ms / 1000)) if p50_ms else None,
+            "calls": figures["calls"],
+            "rounds": figures["rounds"],
+        }
+
+    return summarize
+
+
+def _only_round(samples: list[Sample]) -> dict[str, Any]:
+    return samples[0]
+
+
+def _size_name(size: int) -> str:
+    return f"{size // MiB}MiB"
+
+
+def build_cases(settings: Settings) -> list[Case]:
+    """Every row of the benchmark, in the order the report shows them."""
+    s = settings
+    cases: list[Case] = []
+    subjects = [(t, b) for t in TRANSPORTS for b in BACKENDS]
+
+    # 1. Round trips: each transport on each backend, then the baselines.
+    for callers in s.callers:
+        for t, b in subjects:
+            options = {**b.options(), **t.run_options}
+            cases.append(
+                Case(
+                    id=f"rtt.{t.name}.{b.name}.c{callers}",
+                    section="rtt",
+                    label=f"{t.label} / {b.name}",
+                    measure=partial(
+                        subject.run_rtt, options, s.socket_calls, callers, s.socket_warmup
+                    ),
+                    summarize=stats.summarize_rtt,
+                    rounds=s.rounds,
+                    probe=partial(_first_reason, b.probe, t.probe),
+                    params={"transport": t.name, "backend": b.name, "callers": callers},
+                )
+            )
+        cases.append(
+            Case(
+                id=f"rtt.baseline.jsonl.c{callers}",
+                section="rtt",
+                label="baseline: JSON lines, locked client",
+                measure=partial(jsonlines.run, s.socket_calls, callers, s.socket_warmup),
+                summarize=stats.summarize_rtt,
+                rounds=s.rounds,
+                params={"baseline": "jsonl", "callers": callers},
+                kind="baseline",
+            )
+        )
+        cases.append(
+            Case(
+                id=f"rtt.baseline.polling.c{callers}",
+                section="rtt",
+                label="baseline: file polling, 50-250 ms / 100 ms",
+                measure=partial(polling.run, s.polling_calls[callers], callers, 0),
+                summarize=stats.summarize_rtt,
+                rounds=s.rounds,
+                params={"baseline": "polling", "callers": callers},
+                kind="baseline",
+            )
+        )
+    cases.append(
+        Case(
+            id="rtt.baseline.floor.c1",
+            section="rtt",
+            label="floor: 32-byte socketpair ping-pong",
+            measure=partial(floor.run, s.socket_calls, s.socket_warmup),
+            summarize=stats.summarize_rtt,
+            rounds=s.rounds,
+            params={"baseline": "floor", "callers": 1},
+            kind="baseline",
+        )
+    )
+
+    # 3. Cold runs, the bare interpreter timed beside each.
+    for b in BACKENDS:
+        cases.append(
+            Case(
+                id=f"cold.{b.name}",
+                section="cold",
+                label=f"print(1) / {b.name}",
+                measure=partial(subject.run_cold, b.options(), s.cold_runs),
+                summarize=_summarize_cold,
+                probe=b.probe,
+                params={"backend": b.name},
+            )
+        )
+
+    # 4. Memory.
+    for b in BACKENDS:
+        cases.append(
+            Case(
+                id=f"memory.{b.name}",
+                section="memory",
+                label=f"print {s.memory_bytes / MiB:g} MiB / {b.name}",
+                measure=partial(subject.run_memory, b.options(), s.memory_bytes),
+                summarize=_only_round,
+                probe=b.probe,
+                params={"backend": b.name, "printed_bytes": s.memory_bytes},
+            )
+        )
+
+    # 5. Concurrent runs.
+    for b in BACKENDS:
+        for n in s.concurrent_runs:
+            cases.append(
+                Case(
+                    id=f"concurrent.{b.name}.n{n}",
+                    section="concurrent",
+                    label=f"{n} runs x {s.concurrent_calls} calls / {b.name}",
+                    measure=partial(subject.run_concurrent, b.options(), n, s.concurrent_calls),
+                    summarize=_summarize_concurrent,
+                    rounds=s.concurrent_rounds,
+                    probe=b.probe,
+                    params={"backend": b.name, "runs": n, "calls": s.concurrent_calls},
+                )
+            )
+
+    # 6. Large payloads: each transport on each backend, and the JSON-lines baseline.
+    for size in s.payload_sizes:
+        calls = s.payload_calls[size]
+        for t, b in subjects:
+            options = {**b.options(), **t.run_options}
+            cases.append(
+                Case(
+                    id=f"payload.{t.name}.{b.name}.{_size_name(size)}",
+                    section="payload",
+                    label=f"{_size_name(size)} / {t.label} / {b.name}",
+                    measure=partial(subject.run_rtt, options, calls, 1, 1, tool="blob", size=size),
+                    summarize=_summarize_payload(size),
+                    rounds=s.payload_rounds,
+                    probe=partial(_first_reason, b.probe, t.probe),
+                    params={"transport": t.name, "backend": b.name, "size": size},
+                )
+            )
+        cases.append(
+            Case(
+                id=f"payload.baseline.jsonl.{_size_name(size)}",
+                section="payload",
+                label=f"{_size_name(size)} / baseline: JSON lines",
+                measure=partial(jsonlines.run, calls, 1, 1, tool="blob", size=size),
+                summarize=_summarize_payload(size),
+                rounds=s.payload_rounds,
+                params={"baseline": "jsonl", "size": size},
+                kind="baseline",
+            )
+        )
+    return cases

@@ -1,0 +1,251 @@
+"""The table the benchmark prints, as aligned text for a terminal or as Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.cases import SECTIONS
+from bench.runner import Row
+
+Cell = str
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[Cell] | tuple[str, str]] = field(default_factory=list)
+    note: str = ""
+
+    def add(self, cells: list[Cell]) -> None:
+        self.rows.append(cells)
+
+    def add_span(self, label: str, text: str) -> None:
+        self.rows.append((label, text))
+
+    def text(self) -> str:
+        widths = [len(h) for h in self.headers]
+        for row in self.rows:
+            if isinstance(row, list):
+                widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+            else:
+                widths[0] = max(widths[0], len(row[0]))
+
+        def line(cells: Sequence[str]) -> str:
+            first = cells[0].ljust(widths[0])
+            rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+            return "  ".join([first, *rest]).rstrip()
+
+        out = [self.title + (f"   ({self.note})" if self.note else ""), line(self.headers)]
+        out.append("  ".join("-" * w for w in widths))
+        for row in self.rows:
+            if isinstance(row, list):
+                out.append(line(row))
+            else:
+                out.append(f"{row[0].ljust(widths[0])}  {row[1]}")
+        return "\n".join(out)
+
+    def markdown(self) -> str:
+        out = [f"**{self.title}**" + (f" ({self.note})" if self.note else ""), ""]
+        out.append("| " + " | ".join(self.headers) + " |")
+        out.append("| " + " | ".join(["---"] + ["---:"] * (len(self.headers) - 1)) + " |")
+        # Rows without figures are listed under the table, grouped by their reason.
+        reasons: dict[str, list[str]] = {}
+        for row in self.rows:
+            if isinstance(row, list):
+                out.append("| " + " | ".join(row) + " |")
+            else:
+                reasons.setdefault(row[1], []).append(row[0])
+        if reasons:
+            out.append("")
+            for reason, labels in reasons.items():
+                out.append(f"- {'; '.join(labels)}: {reason}")
+        return "\n".join(out)
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def _unavailable(row: Row) -> str:
+    return f"{row.status}: {row.reason}"
+
+
+def _rtt_table(rows: Sequence[Row], callers: Sequence[int], note: str) -> Table:
+    headers = ["case"]
+    for c in callers:
+        suffix = f" ({c}c)"
+        headers += [f"p50 us{suffix}", f"p99 us{suffix}", f"calls/s{suffix}"]
+    table = Table(SECTIONS["rtt"], headers, note=note)
+    groups: dict[str, dict[int, Row]] = {}
+    for row in rows:
+        groups.setdefault(row.label, {})[row.params.get("callers", 1)] = row
+    for label, by_callers in groups.items():
+        present = list(by_callers.values())
+        if all(r.status != "ok" for r in present):
+            table.add_span(label, _unavailable(present[0]))
+            continue
+        cells = [label]
+        for c in callers:
+            found = by_callers.get(c)
+            if found is None or found.figures is None:
+                cells += ["-", "-", "-"]
+            else:
+                f = found.figures
+                cells += [_num(f["p50_us"]), _num(f["p99_us"]), _num(f["calls_per_s"])]
+        table.add(cells)
+    return table
+
+
+def _simple_table(
+    section: str,
+    rows: Sequence[Row],
+    headers: list[str],
+    cells: Callable[[dict[str, Any]], list[str]],
+    note: str = "",
+) -> Table:
+    table = Table(SECTIONS[section], ["case", *headers], note=note)
+    for row in rows:
+        if row.status == "ok" and row.figures is not None:
+            table.add([row.label, *cells(row.figures)])
+        else:
+            table.add_span(row.label, _unavailable(row))
+    return table
+
+
+def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
+    by_section: dict[str, list[Row]] = {}
+    for row in rows:
+        by_section.setdefault(row.section, []).append(row)
+    out = []
+    if "rtt" in by_section:
+        polling = ", ".join(
+            f"{calls} with {callers}c"
+            for callers, calls in settings["polling_calls_per_round"].items()
+        )
+        note = (
+            f"{settings['rtt_rounds']} round(s) of {settings['socket_calls_per_round']:,} calls "
+            f"over sockets and {polling} calls by file polling, the cases taking turns; "
+            "p50/p99 over every call, calls/s the median round"
+        )
+        out.append(_rtt_table(by_section["rtt"], settings["callers"], note))
+    if "cold" in by_section:
+        out.append(
+            _simple_table(
+                "cold",
+                by_section["cold"],
+                ["API p50 ms", "API p90 ms", "bare p50 ms", "bare p90 ms", "ratio", "runs"],
+                lambda f: [
+                    _num(f["api_p50_ms"], 2),
+                    _num(f["api_p90_ms"], 2),
+                    _num(f["bare_p50_ms"], 2),
+                    _num(f["bare_p90_ms"], 2),
+                    _num(f["ratio"], 2) + "x",
+                    _num(f["runs"]),
+                ],
+                note="bare: the same interpreter's `-c print(1)` through subprocess.run",
+            )
+        )
+    if "memory" in by_section:
+        out.append(
+            _simple_table(
+                "memory",
+                by_section["memory"],
+                ["RSS before MB", "peak MB", "growth MB", "result JSON bytes", "s", "MB/s"],
+                lambda f: [
+                    _num(f["rss_before_mb"]),
+                    _num(f["rss_peak_mb"]),
+                    _num(f["rss_growth_mb"]),
+                    _num(f["result_json_bytes"]),
+                    _num(f["seconds"], 2),
+                    _num(f["mb_per_s"]),
+                ],
+            )
+        )
+    if "concurrent" in by_section:
+        out.append(
+            _simple_table(
+                "concurrent",
+                by_section["concurrent"],
+                ["wall p50 s", "per-run p50 s", "correct"],
+                lambda f: [
+                    _num(f["wall_p50_s"], 3),
+                    _num(f["run_p50_s"], 3),
+                    f"{f['correct']}/{f['runs']}" + ("" if f["all_correct"] else " WRONG"),
+                ],
+                note=f"{settings['concurrent_rounds']} round(s); wall time of all runs together",
+            )
+        )
+    if "payload" in by_section:
+        out.append(
+            _simple_table(
+                "payload",
+                by_section["payload"],
+                ["p50 ms", "p99 ms", "MB/s at p50", "calls"],
+                lambda f: [
+                    _num(f["p50_ms"], 2),
+                    _num(f["p99_ms"], 2),
+                    _num(f["mb_per_s"]),
+                    _num(f["calls"]),
+                ],
+                note="tool result {'data': 'x' * size}, parsed by the caller",
+            )
+        )
+    return out
+
+
+def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
+    marks = {"met": "[met]   ", "missed": "[MISSED]", "not available": "[n/a]   "}
+    out = ["Targets"]
+    for t in targets:
+        out.append(f"  {marks[t['status']]} {t['description']}")
+        if t["status"] == "not available":
+            out.append(f"           {t['reason']}")
+        else:
+            out.append(f"           {t['shown']}   target: {t['target']}")
+    return out
+
+
+def target_markdown(targets: Sequence[dict[str, Any]]) -> str:
+    out = ["| target | figure | limit | result |", "| --- | --- | --- | --- |"]
+    for t in targets:
+        shown = t.get("shown") or t.get("reason", "")
+        out.append(f"| {t['description']} | {shown} | {t['target']} | {t['status']} |")
+    return "\n".join(out)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    return (
+        f"{machine['date']}  {machine['nproc']} CPUs ({machine['cpu_model']}), "
+        f"{machine['memory_gb']} GB, Python {machine['python']}, {machine['platform']}, "
+        f"commit {machine['commit']}, load average at start {machine['loadavg_start']}"
+    )
+
+
+def render_text(results: dict[str, Any], rows: Sequence[Row]) -> str:
+    parts = [f"hermes-sandbox benchmark ({results['settings']['mode']} mode)"]
+    parts.append(machine_line(results["machine"]))
+    if results["settings"]["mode"] == "quick":
+        parts.append("Quick mode: counts too small for the figures to mean anything.")
+    for table in tables(rows, results["settings"]):
+        parts.append("")
+        parts.append(table.text())
+    parts.append("")
+    parts += target_lines(results["targets"])
+    return "\n".join(parts)
+
+
+def render_markdown(results: dict[str, Any], rows: Sequence[Row]) -> str:
+    parts = [f"Machine: {machine_line(results['machine'])}. Mode: {results['settings']['mode']}."]
+    for table in tables(rows, results["settings"]):
+        parts += ["", table.markdown()]
+    parts += ["", "**Targets**", "", target_markdown(results["targets"])]
+    return "\n".join(parts)

@@ -1,0 +1,313 @@
+"""Our side of every comparison: real scripts run through the public Python API.
+
+Each measurement runs a script with :func:`sandbox.execute_code` (or its async twin)
+against a private :class:`tools.registry.ToolRegistry` holding the benchmark's
+``echo`` and ``blob`` tools. Round-trip scripts time their own calls with
+:func:`bench.timing.time_calls` (its source is inlined at the top of the script) and
+print the figures as JSON, which the host parses from the result's output.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+
+from bench.workload import BLOB_SCHEMA, ECHO_SCHEMA, blob_tool, call_spec, echo_tool
+from environments import BackendError
+from sandbox import ExecutionResult, RunError, execute_code, execute_code_async
+from tools.registry import ToolRegistry
+
+BENCH_TOOLS = ("echo", "blob")
+MAX_CALLS = 10**9
+RTT_STDOUT_CAP = 64 * 1024 * 1024
+
+
+class NotAvailable(Exception):
+    """This case cannot run here; the message says why."""
+
+
+class ScriptKilled(RuntimeError):
+    """A benchmark script died of a signal it did not send itself (on a shared machine,
+    another session's cleanup can kill it); the round is worth retrying."""
+
+
+def _killed(result: ExecutionResult) -> bool:
+    return result.status == "error" and (result.exit_code or 0) > 128
+
+
+@functools.cache
+def bench_registry() -> ToolRegistry:
+    """A private registry with only the benchmark's tools."""
+    registry = ToolRegistry()
+    registry.register("echo", "bench", ECHO_SCHEMA, echo_tool)
+    registry.register("blob", "bench", BLOB_SCHEMA, blob_tool)
+    return registry
+
+
+@functools.cache
+def _timing_source() -> str:
+    return (Path(__file__).parent / "timing.py").read_text(encoding="utf-8")
+
+
+@functools.cache
+def _spill_dir() -> str:
+    return tempfile.mkdtemp(prefix="bench-spill-")
+
+
+def cleanup() -> None:
+    """Remove the spill directory the runs may have written to."""
+    if _spill_dir.cache_info().currsize:
+        shutil.rmtree(_spill_dir(), ignore_errors=True)
+        _spill_dir.cache_clear()
+
+
+def _execute(code: str, run_options: Mapping[str, Any], **extra: Any) -> ExecutionResult:
+    """Run ``code``; turn "this backend or transport cannot be used" into NotAvailable."""
+    options: dict[str, Any] = {
+        "tools": BENCH_TOOLS,
+        "registry": bench_registry(),
+        "max_tool_calls": MAX_CALLS,
+        "spill_dir": _spill_dir(),
+        "timeout": 300,
+        **run_options,
+        **extra,
+    }
+    try:
+        return execute_code(code, **options)
+    except (RunError, BackendError) as exc:
+        raise NotAvailable(str(exc)) from exc
+
+
+def _first_json_line(result: ExecutionResult) -> dict[str, Any]:
+    if _killed(result):
+        raise ScriptKilled(f"benchmark script killed (exit code {result.exit_code})")
+    if result.status != "success":
+        raise RuntimeError(f"benchmark script failed ({result.status}): {result.output[-2000:]}")
+    for line in result.output.splitlines():
+        if line.startswith("{"):
+            figures: dict[str, Any] = json.loads(line)
+            return figures
+    raise RuntimeError(f"benchmark script printed no figures: {result.output[-2000:]}")
+
+
+def rtt_script(calls: int, callers: int, warmup: int, tool: str = "echo", size: int = 0) -> str:
+    """A script that times ``calls`` calls of a benchmark tool and prints the figures."""
+    args, expected = call_spec(tool, size)
+    check = "len(reply['data']) != _EXPECTED" if tool == "blob" else "reply != _EXPECTED"
+    return f"""{_timing_source()}
+
+import json as _bench_json
+from hermes_tools import {tool} as _tool
+
+_ARGS = {args!r}
+_EXPECTED = {expected!r}
+
+
+def _call(_i):
+    reply = _tool(**_ARGS)
+    if {check}:
+        raise AssertionError("wrong answer: %r" % (str(reply)[:200],))
+
+
+print(_bench_json.dumps(time_calls(_call, {calls}, {callers}, {warmup})))
+"""
+
+
+def run_rtt(
+    run_options: Mapping[str, Any],
+    calls: int,
+    callers: int = 1,
+    warmup: int = 0,
+    *,
+    tool: str = "echo",
+    size: int = 0,
+) -> dict[str, Any]:
+    """One round of a round-trip case: the script's own figures."""
+    code = rtt_script(calls, callers, warmup, tool, size)
+    result = _execute(code, run_options, max_stdout_bytes=RTT_STDOUT_CAP)
+    return _first_json_line(result)
+
+
+def run_cold(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """``print(1)`` through the API and a bare interpreter, interleaved, ``runs`` each.
+
+    One untimed run first, so the host process is warm (imports, stub cache).
+    """
+    bare_argv = [sys.executable, "-c", "print(1)"]
+    warm = _execute("print(1)", run_options, tools=())
+    if warm.output.strip() != "1":
+        raise RuntimeError(f"print(1) printed {warm.output!r}")
+    api_ms: list[float] = []
+    bare_ms: list[float] = []
+
+    def api() -> None:
+        t0 = time.perf_counter()
+        result = _execute("print(1)", run_options, tools=())
+        api_ms.append((time.perf_counter() - t0) * 1000)
+        if _killed(result):
+            raise ScriptKilled(f"print(1) was killed (exit code {result.exit_code})")
+        if result.status != "success" or result.output.strip() != "1":
+            raise RuntimeError(f"print(1) through the API gave {result.to_dict()}")
+
+    def bare() -> None:
+        t0 = time.perf_counter()
+        done = subprocess.run(bare_argv, capture_output=True, check=True)
+        bare_ms.append((time.perf_counter() - t0) * 1000)
+        if done.stdout.strip() != b"1":
+            raise RuntimeError(f"the bare interpreter printed {done.stdout!r}")
+
+    for i in range(runs):
+        first, second = (api, bare) if i % 2 == 0 else (bare, api)
+        first()
+        second()
+    return {"api_ms": api_ms, "bare_ms": bare_ms, "bare_argv": bare_argv}
+
+
+class RSSSampler:
+    """Samples this process's resident set size in a thread until stopped."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self._process = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self.baseline = self._process.memory_info().rss
+        self.peak = self.baseline
+        self.samples = 0
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            rss = self._process.memory_info().rss
+            self.samples += 1
+            if rss > self.peak:
+                self.peak = rss
+
+    def __enter__(self) -> RSSSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+
+def memory_script(total_bytes: int) -> str:
+    return f"""import sys
+line = b"x" * 1023 + b"\\n"
+chunk = line * 1024
+write = sys.stdout.buffer.write
+for _ in range({total_bytes} // len(chunk)):
+    write(chunk)
+write(line * ({total_bytes} % len(chunk) // 1024))
+"""
+
+
+def run_memory(run_options: Mapping[str, Any], total_bytes: int) -> dict[str, Any]:
+    """Host RSS growth while a script prints ``total_bytes`` to stdout, and the result size."""
+    _execute(memory_script(1 << 20), run_options, tools=())  # warm, and spill once
+    with RSSSampler() as rss:
+        t0 = time.perf_counter()
+        result = _execute(memory_script(total_bytes), run_options, tools=())
+        seconds = time.perf_counter() - t0
+    try:
+        if _killed(result):
+            raise ScriptKilled(f"the printing script was killed (exit code {result.exit_code})")
+        if result.status != "success":
+            raise RuntimeError(f"the printing script failed: {result.output[-2000:]}")
+        if result.stdout_bytes_total != total_bytes:
+            raise RuntimeError(
+                f"captured {result.stdout_bytes_total} bytes of stdout, expected {total_bytes}"
+            )
+        return {
+            "printed_bytes": total_bytes,
+            "rss_before_mb": round(rss.baseline / 1e6, 1),
+            "rss_peak_mb": round(rss.peak / 1e6, 1),
+            "rss_growth_mb": round((rss.peak - rss.baseline) / 1e6, 1),
+            "rss_samples": rss.samples,
+            "result_json_bytes": len(result.to_json().encode()),
+            "output_bytes": len(result.output.encode()),
+            "seconds": round(seconds, 2),
+            "mb_per_s": round(total_bytes / 1e6 / seconds),
+        }
+    finally:
+        if result.stdout_spill_path:
+            try:
+                os.unlink(result.stdout_spill_path)
+            except OSError:
+                pass
+
+
+def _describe(result: ExecutionResult | None) -> dict[str, Any] | None:
+    return result.to_dict() if result is not None else None
+
+
+def concurrent_script(run_index: int, calls: int) -> str:
+    return f"""from hermes_tools import echo
+for i in range({calls}):
+    msg = "{run_index}-%d" % i
+    reply = echo(msg=msg)
+    if reply != {{"msg": msg}}:
+        raise SystemExit("wrong answer to call %d: %r" % (i, reply))
+print("ok {run_index}")
+"""
+
+
+def run_concurrent(run_options: Mapping[str, Any], runs: int, calls: int) -> dict[str, Any]:
+    """``runs`` scripts at once, each making ``calls`` echo calls; every result checked."""
+    options: dict[str, Any] = {
+        "tools": BENCH_TOOLS,
+        "registry": bench_registry(),
+        "max_tool_calls": calls,
+        "spill_dir": _spill_dir(),
+        "timeout": 300,
+        **run_options,
+    }
+    results: list[ExecutionResult | None] = [None] * runs
+
+    async def one(k: int) -> None:
+        results[k] = await execute_code_async(concurrent_script(k, calls), **options)
+
+    async def all_runs() -> float:
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tasks:
+            for k in range(runs):
+                tasks.start_soon(one, k)
+        return time.perf_counter() - t0
+
+    try:
+        wall = anyio.run(all_runs)
+    except (RunError, BackendError) as exc:
+        raise NotAvailable(str(exc)) from exc
+    wrong = []
+    for k, result in enumerate(results):
+        ok = (
+            result is not None
+            and result.status == "success"
+            and result.tool_calls_made == calls
+            and result.output.strip() == f"ok {k}"
+        )
+        if not ok:
+            if result is not None and _killed(result):
+                raise ScriptKilled(f"run {k} killed (exit code {result.exit_code})")
+            wrong.append(k)
+    durations = [r.duration_seconds for r in results if r is not None]
+    return {
+        "wall_s": wall,
+        "run_s": durations,
+        "correct": runs - len(wrong),
+        "wrong": [_describe(results[k]) for k in wrong[:3]],
+    }

@@ -1,0 +1,158 @@
+"""The issue's targets, each checked against the rows of the same run.
+
+A target compares two figures (ours against a baseline measured beside it, or against
+our own local Unix socket) or one figure against a fixed limit. A missed target is a
+finding to report, not a failure of the benchmark; a target whose rows could not run
+says "not available" and why.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.cases import BACKENDS
+from bench.runner import Row
+
+_OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
+
+
+@dataclass(frozen=True)
+class Figure:
+    row: str
+    name: str
+    unit: str = ""
+    digits: int = 1
+
+    def text(self, value: float) -> str:
+        digits = self.digits if value < 1e4 else 0
+        return f"{value:,.{digits}f}{self.unit}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """``value op limit``, where value is ``figure / versus`` (or ``figure`` alone)."""
+
+    id: str
+    description: str
+    figure: Figure
+    op: str
+    limit: float
+    versus: Figure | None = None
+
+    def evaluate(self, rows: Mapping[str, Row]) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "id": self.id,
+            "description": self.description,
+            "target": f"{'ratio ' if self.versus else ''}{self.op} {self.limit:g}"
+            + ("x" if self.versus else self.figure.unit),
+        }
+        needed = [self.figure] + ([self.versus] if self.versus else [])
+        values = []
+        for figure in needed:
+            row = rows.get(figure.row)
+            if row is None or row.status != "ok" or row.figures is None:
+                why = row.reason if row is not None else "no such row"
+                state = row.status if row is not None else "missing"
+                result["status"] = "not available"
+                result["reason"] = f"{figure.row}: {state}: {why}"
+                return result
+            values.append(float(row.figures[figure.name]))
+        if self.versus:
+            value = values[0] / values[1]
+            shown = f"{self.figure.text(values[0])} vs {self.versus.text(values[1])}: {value:.2f}x"
+        else:
+            value = values[0]
+            shown = self.figure.text(value)
+        result["value"] = round(value, 3)
+        result["figures"] = [round(v, 3) for v in values]
+        result["shown"] = shown
+        result["status"] = "met" if _OPS[self.op](value, self.limit) else "missed"
+        return result
+
+
+UNIX_LOCAL_P50 = Figure("rtt.unix.local.c1", "p50_us", " us")
+
+
+def build_targets() -> list[Target]:
+    targets = [
+        Target(
+            "unix-1-vs-jsonl",
+            "Unix socket, 1 caller: p50 no slower than the JSON-lines baseline",
+            UNIX_LOCAL_P50,
+            "<=",
+            1.0,
+            Figure("rtt.baseline.jsonl.c1", "p50_us", " us"),
+        ),
+        Target(
+            "unix-1-vs-floor",
+            "Unix socket, 1 caller: p50 within 1.5x of the raw floor",
+            UNIX_LOCAL_P50,
+            "<=",
+            1.5,
+            Figure("rtt.baseline.floor.c1", "p50_us", " us"),
+        ),
+        Target(
+            "unix-8-vs-jsonl",
+            "Unix socket, 8 callers: at least 2x the calls/s of the JSON-lines baseline",
+            Figure("rtt.unix.local.c8", "calls_per_s", " calls/s", 0),
+            ">=",
+            2.0,
+            Figure("rtt.baseline.jsonl.c8", "calls_per_s", " calls/s", 0),
+        ),
+    ]
+    for b in BACKENDS:
+        targets.append(
+            Target(
+                f"files-{b.name}-vs-polling",
+                f"Files on {b.name}: p50 at least 10x lower than the polling baseline",
+                Figure("rtt.baseline.polling.c1", "p50_us", " us"),
+                ">=",
+                10.0,
+                Figure(f"rtt.files.{b.name}.c1", "p50_us", " us"),
+            )
+        )
+    for b in BACKENDS:
+        targets.append(
+            Target(
+                f"relay-{b.name}-vs-unix",
+                f"Stream relay on {b.name}: p50 within 2x of the local Unix socket",
+                Figure(f"rtt.relay.{b.name}.c1", "p50_us", " us"),
+                "<=",
+                2.0,
+                UNIX_LOCAL_P50,
+            )
+        )
+    targets += [
+        Target(
+            "unix-docker-vs-unix",
+            "Unix socket bind-mounted into a container: p50 within 2x of the local one",
+            Figure("rtt.unix.docker.c1", "p50_us", " us"),
+            "<=",
+            2.0,
+            UNIX_LOCAL_P50,
+        ),
+        Target(
+            "cold-local-vs-bare",
+            "Cold run, local backend: at most 1.5x the bare interpreter timed beside it",
+            Figure("cold.local", "api_p50_ms", " ms"),
+            "<=",
+            1.5,
+            Figure("cold.local", "bare_p50_ms", " ms"),
+        ),
+        Target(
+            "memory-local",
+            "Memory: host RSS grows by less than 64 MB while the script prints 1 GB",
+            Figure("memory.local", "rss_growth_mb", " MB"),
+            "<",
+            64.0,
+        ),
+    ]
+    return targets
+
+
+def evaluate(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    by_id = {row.id: row for row in rows}
+    return [target.evaluate(by_id) for target in build_targets()]
