@@ -71,6 +71,22 @@ class SandboxProcess(abc.ABC):
         """Release the streams and handles; kills first if still running."""
 
 
+class ExecStream(anyio.abc.ByteStream):
+    """A process started by :meth:`Environment.open_exec_stream`: its stdin and stdout
+    are this one two-way byte stream (what the relay in the sandbox runs over).
+
+    ``receive`` raises ``anyio.EndOfStream`` when the process's stdout ends; ``send_eof``
+    closes its stdin. Whatever it writes to stderr is kept (the last few KiB) in
+    :attr:`stderr_tail` for diagnostics.
+    """
+
+    stderr_tail: bytes = b""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Wait for the process to exit; return its exit code."""
+
+
 class Environment(abc.ABC):
     """A place where code runs. See the module docstring for the contract."""
 
@@ -138,3 +154,18 @@ class Environment(abc.ABC):
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
     ) -> SandboxProcess:
         """Start ``argv`` with exactly ``env`` as its environment, stdin closed."""
+
+    @abc.abstractmethod
+    async def open_exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecStream:
+        """Start ``argv`` with its stdin and stdout attached to the returned stream.
+
+        ``env`` adds to (does not replace) the environment's own variables. Closing the
+        stream ends the process's stdin and stops the client side; the process itself is
+        expected to exit on end of input (the relay does).
+        """

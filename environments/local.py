@@ -23,7 +23,14 @@ import anyio
 import anyio.abc
 import psutil
 
-from environments.base import CommandResult, Environment, FileKind, FileStat, SandboxProcess
+from environments.base import (
+    CommandResult,
+    Environment,
+    ExecStream,
+    FileKind,
+    FileStat,
+    SandboxProcess,
+)
 from environments.capture import HeadTailBuffer
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
@@ -88,6 +95,27 @@ class LocalEnvironment(Environment):
             start_new_session=True,
         )
         return LocalProcess(process, self._marker_entry)
+
+    async def open_exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LocalExecStream:
+        merged = self._child_env(None)
+        if env:
+            merged.update(env)
+        process = await anyio.open_process(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=merged,
+            start_new_session=True,
+        )
+        return LocalExecStream(process)
 
     async def execute(
         self,
@@ -216,6 +244,52 @@ class LocalProcess(SandboxProcess):
         if self._process.returncode is None:
             await self.kill(0)
         await self._process.aclose()
+
+
+class LocalExecStream(ExecStream):
+    """A local process's stdin and stdout as one stream; stderr kept as a short tail."""
+
+    _STDERR_TAIL = 8192
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self._process = process
+        self._stdin = process.stdin
+        self._stdout = process.stdout
+        self.stderr_tail = b""
+        self._stderr_task_done = anyio.Event()
+
+    async def collect_stderr(self) -> None:
+        """Keep the tail of stderr; run it in a task for as long as the stream is used."""
+        try:
+            if self._process.stderr is not None:
+                async for chunk in self._process.stderr:
+                    self.stderr_tail = (self.stderr_tail + chunk)[-self._STDERR_TAIL :]
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            self._stderr_task_done.set()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self._stdout.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await self._stdin.send(item)
+
+    async def send_eof(self) -> None:
+        await self._stdin.aclose()
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._stdin.aclose()
+            with anyio.move_on_after(2):
+                await self._process.wait()
+            if self._process.returncode is None:
+                self._process.kill()
+            await self._process.aclose()
 
 
 class _EmptyStream(anyio.abc.ByteReceiveStream):
