@@ -52,7 +52,7 @@ def _killed(result: ExecutionResult) -> bool:
 def bench_registry() -> ToolRegistry:
     """A private registry with only the benchmark's tools."""
     registry = ToolRegistry()
-    registry.register("echo", "bench", ECHO_SCHEMA, echo_tool)
+    registry.register("echo", "bench", ECHO_SCHEMA, echo_tool, inline=True)
     registry.register("blob", "bench", BLOB_SCHEMA, blob_tool)
     return registry
 

@@ -1,36 +1,56 @@
-"""The host side of the protocol: read requests from a byte stream, answer each one.
+"""The host side of the protocol: read requests, answer each one exactly once.
 
-:class:`RPCServer` is transport-agnostic: it serves any anyio byte stream, whether it
-came from a Unix-socket listener (:mod:`rpc.unix`) or, later, a relay channel. Every
-request is answered exactly once; requests on one connection are served concurrently,
-each in its own task, and their replies are written whole, one at a time, as they finish.
-What a request *does* is the handler's business: the server checks framing, shape and
-the run's token, and turns a :class:`~rpc.errors.CallRefused` from the handler into an
-error reply.
+:class:`RPCServer` holds what a run's requests are checked against (framing, shape,
+the run's token) and the handler that does the work. It serves connections two ways:
+
+- :meth:`RPCServer.serve` takes any anyio byte stream: a Unix socket on any anyio
+  backend, a relay channel, an in-memory stream in tests.
+- :class:`RPCProtocol` is the same server as an ``asyncio.Protocol``, for sockets on
+  the asyncio backend: frames are decoded as the bytes arrive, and a request that can
+  be answered at once is answered from that callback, without waking a task. This is
+  the fast path that makes a trivial call cost little more than its two syscalls
+  (docs/benchmarks.md).
+
+Either way, requests on one connection are served concurrently, each slow one in its
+own task, and each reply is written whole as soon as it is ready. What a request
+*does* is the handler's business; a :class:`~rpc.errors.CallRefused` from it becomes
+an error reply.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from rpc import messages
 from rpc.errors import CallRefused, ConnectionClosed, FrameError, FrameTooLarge
-from rpc.framing import DEFAULT_MAX_FRAME_SIZE, encode_frame, iter_messages
+from rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame, iter_messages
 from rpc.messages import Request
 
 log = logging.getLogger(__name__)
 
-RequestHandler = Callable[[Request], Awaitable[str]]
-"""Serves one authorized request: returns the tool's result as JSON text, or raises
-:class:`~rpc.errors.CallRefused` to send an error reply."""
-
 DEFAULT_MAX_CONNECTIONS = 64
+Reply = dict[str, Any]
+
+
+class RequestHandler(Protocol):
+    """Serves authorized requests.
+
+    ``handler(request)`` returns the tool's result as JSON text, or raises
+    :class:`~rpc.errors.CallRefused` to send an error reply. A handler may also have a
+    synchronous ``answer_now(request) -> str | None``, which the server tries first: it
+    returns the result when it can be had without waiting (refusals, tools that never
+    block), or None to have ``handler(request)`` called in a task.
+    """
+
+    def __call__(self, request: Request) -> Awaitable[str]: ...
 
 
 class RPCServer:
@@ -49,15 +69,65 @@ class RPCServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self._handler = handler
+        self._answer_now: Callable[[Request], str | None] | None = getattr(
+            handler, "answer_now", None
+        )
         self._token = token.encode()
         self.max_frame_size = max_frame_size
         self.max_connections = max_connections
-        self._connections = 0
+        self.connections = 0
 
-    def _authorized(self, token: str) -> bool:
-        if not self._token:
+    # -- one request -------------------------------------------------------------------
+
+    def _request(self, message: dict[str, Any]) -> Request:
+        request = Request.from_message(message)
+        if not self._token or not hmac.compare_digest(
+            request.token.encode("utf-8", "surrogatepass"), self._token
+        ):
+            raise CallRefused(messages.UNAUTHORIZED, "Unauthorized RPC request: bad token")
+        return request
+
+    def reply_now(self, message: dict[str, Any]) -> Reply | None:
+        """The reply to ``message`` if it can be made without waiting, else None."""
+        try:
+            request = self._request(message)
+            if self._answer_now is None:
+                return None
+            result = self._answer_now(request)
+        except CallRefused as exc:
+            return messages.error_reply(messages.request_id_of(message), exc.kind, exc.message)
+        except Exception as exc:
+            return _internal_error(message, exc)
+        return None if result is None else messages.result_reply(request.id, result)
+
+    async def reply_later(self, message: dict[str, Any]) -> Reply:
+        """The reply to ``message``, waiting for its tool as long as it takes."""
+        try:
+            request = self._request(message)
+            result = await self._handler(request)
+        except CallRefused as exc:
+            return messages.error_reply(messages.request_id_of(message), exc.kind, exc.message)
+        except Exception as exc:
+            return _internal_error(message, exc)
+        return messages.result_reply(request.id, result)
+
+    @staticmethod
+    def framing_refusal(exc: FrameError) -> Reply:
+        kind = messages.FRAME_TOO_LARGE if isinstance(exc, FrameTooLarge) else messages.BAD_FRAME
+        return messages.error_reply(None, kind, str(exc))
+
+    TOO_MANY_CONNECTIONS = messages.error_reply(
+        None, messages.INTERNAL, "too many connections to the host"
+    )
+
+    def admit_connection(self) -> bool:
+        if self.connections >= self.max_connections:
+            log.warning("refusing RPC connection: %d already open", self.connections)
             return False
-        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._token)
+        self.connections += 1
+        return True
+
+    # -- a connection as an anyio byte stream -------------------------------------------
 
     async def serve(self, stream: anyio.abc.ByteStream) -> None:
         """Serve one connection until the peer closes it or breaks the framing.
@@ -65,39 +135,36 @@ class RPCServer:
         Never raises for anything the peer does; closes ``stream`` when done.
         """
         async with stream:
-            if self._connections >= self.max_connections:
-                log.warning("refusing RPC connection: %d already open", self._connections)
-                await _send_quietly(
-                    stream,
-                    messages.error_reply(
-                        None, messages.INTERNAL, "too many connections to the host"
-                    ),
-                )
+            if not self.admit_connection():
+                await _send_quietly(stream, encode_frame(self.TOO_MANY_CONNECTIONS))
                 return
-            self._connections += 1
             try:
                 await self._serve(stream)
             finally:
-                self._connections -= 1
+                self.connections -= 1
 
     async def _serve(self, stream: anyio.abc.ByteStream) -> None:
-        send_lock = anyio.Lock()
+        send_lock = anyio.Lock(fast_acquire=True)
 
-        async def reply(message: dict[str, Any]) -> None:
-            frame = encode_frame(message)
+        async def send(reply: Reply) -> None:
+            frame = encode_frame(reply)
             async with send_lock:
                 await _send_quietly(stream, frame)
 
-        refusal: dict[str, Any] | None = None
+        async def answer(message: dict[str, Any]) -> None:
+            await send(await self.reply_later(message))
+
+        refusal: Reply | None = None
         async with anyio.create_task_group() as tasks:
             try:
                 async for message in iter_messages(stream, self.max_frame_size):
-                    tasks.start_soon(self._answer, message, reply)
-            except FrameTooLarge as exc:
-                refusal = messages.error_reply(None, messages.FRAME_TOO_LARGE, str(exc))
-                tasks.cancel_scope.cancel()
+                    quick = self.reply_now(message)
+                    if quick is not None:
+                        await send(quick)
+                    else:
+                        tasks.start_soon(answer, message)
             except FrameError as exc:
-                refusal = messages.error_reply(None, messages.BAD_FRAME, str(exc))
+                refusal = self.framing_refusal(exc)
                 tasks.cancel_scope.cancel()
             except ConnectionClosed:
                 tasks.cancel_scope.cancel()
@@ -106,34 +173,117 @@ class RPCServer:
         if refusal is not None:
             # Sent outside the cancelled group, or the cancellation would swallow it.
             with anyio.move_on_after(5):
-                await reply(refusal)
+                await send(refusal)
 
-    async def _answer(
-        self, message: dict[str, Any], reply: Callable[[dict[str, Any]], Awaitable[None]]
-    ) -> None:
-        request_id = messages.request_id_of(message)
-        try:
-            request = Request.from_message(message)
-            if not self._authorized(request.token):
-                raise CallRefused(messages.UNAUTHORIZED, "Unauthorized RPC request: bad token")
-            result = await self._handler(request)
-        except CallRefused as exc:
-            await reply(messages.error_reply(request_id, exc.kind, exc.message))
-        except Exception as exc:
-            log.exception("RPC handler failed on %r", message.get("tool"))
-            await reply(
-                messages.error_reply(
-                    request_id, messages.INTERNAL, f"host error: {type(exc).__name__}: {exc}"
-                )
-            )
+
+class RPCProtocol(asyncio.Protocol):
+    """One connection of an :class:`RPCServer`, driven by asyncio's callbacks.
+
+    Requests that can be answered at once are answered in :meth:`data_received`;
+    the others go to :meth:`run`, a task the transport's owner runs for the life of
+    the connection, which serves each in a task of its own.
+    """
+
+    def __init__(self, server: RPCServer) -> None:
+        self._server = server
+        self._decoder = FrameDecoder(server.max_frame_size)
+        self._transport: asyncio.Transport | None = None
+        self._pending_send: MemoryObjectSendStream[dict[str, Any]]
+        self._pending: MemoryObjectReceiveStream[dict[str, Any]]
+        self._pending_send, self._pending = anyio.create_memory_object_stream(float("inf"))
+        self._lost = anyio.Event()
+        self._admitted = False
+
+    # asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._server.admit_connection():
+            self._admitted = True
         else:
-            await reply(messages.result_reply(request.id, result))
+            self._write(self._server.TOO_MANY_CONNECTIONS)
+            self._finish()
+
+    def data_received(self, data: bytes) -> None:
+        if self._lost.is_set():
+            return
+        try:
+            for message in self._decoder.feed(data):
+                reply = self._server.reply_now(message)
+                if reply is not None:
+                    self._write(reply)
+                else:
+                    self._pending_send.send_nowait(message)
+        except FrameError as exc:
+            self._write(self._server.framing_refusal(exc))
+            self._finish()
+
+    def eof_received(self) -> bool:
+        # The peer may have shut only its writing side: answer what is in flight.
+        self._pending_send.close()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
+
+    def pause_writing(self) -> None:
+        assert self._transport is not None
+        self._transport.pause_reading()  # a peer that does not read gets no more served
+
+    def resume_writing(self) -> None:
+        assert self._transport is not None
+        if not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    # helpers
+    def _write(self, reply: Reply) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode_frame(reply))
+
+    def _finish(self) -> None:
+        self._pending_send.close()
+        self._lost.set()
+
+    async def run(self) -> None:
+        """Serve the requests that need waiting, until the connection ends.
+
+        After the peer's end of input the calls in flight still finish and answer; a
+        lost connection or broken framing abandons them.
+        """
+        assert self._transport is not None
+        try:
+            async with anyio.create_task_group() as connection:
+
+                async def abandon_when_lost() -> None:
+                    await self._lost.wait()
+                    connection.cancel_scope.cancel()
+
+                async def answer(message: dict[str, Any]) -> None:
+                    self._write(await self._server.reply_later(message))
+
+                connection.start_soon(abandon_when_lost)
+                async with anyio.create_task_group() as calls:
+                    async for message in self._pending:
+                        calls.start_soon(answer, message)
+                connection.cancel_scope.cancel()
+        finally:
+            self._pending.close()
+            if self._admitted:
+                self._server.connections -= 1
+            self._transport.close()
 
 
-async def _send_quietly(stream: anyio.abc.ByteSendStream, data: Any) -> None:
+def _internal_error(message: dict[str, Any], exc: Exception) -> Reply:
+    log.exception("RPC handler failed on %r", message.get("tool"))
+    return messages.error_reply(
+        messages.request_id_of(message),
+        messages.INTERNAL,
+        f"host error: {type(exc).__name__}: {exc}",
+    )
+
+
+async def _send_quietly(stream: anyio.abc.ByteSendStream, data: bytes) -> None:
     """Send, ignoring a peer that has gone: there is no one left to tell."""
-    if isinstance(data, dict):
-        data = encode_frame(data)
     try:
         await stream.send(data)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):

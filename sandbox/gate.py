@@ -64,8 +64,23 @@ class ToolGate:
         self._context = context
         self.calls_made = 0
 
+    def answer_now(self, request: Request) -> str | None:
+        """Answer on the spot, without a task: refusals, and tools that run inline.
+
+        Returns None when the call needs :meth:`__call__` (its tool may block or await);
+        raises CallRefused like it.
+        """
+        if request.tool in self.allowed and not self._registry.runs_inline(request.tool):
+            return None
+        self._admit(request.tool)
+        return self._registry.dispatch(request.tool, request.args, self._context)
+
     async def __call__(self, request: Request) -> str:
-        name = request.tool
+        self._admit(request.tool)
+        return await self._registry.adispatch(request.tool, request.args, self._context)
+
+    def _admit(self, name: str) -> None:
+        """Check the allowlist and charge the budget; raise CallRefused if refused."""
         if name not in self.allowed:
             allowed = ", ".join(sorted(self.allowed)) or "(none)"
             if name not in self._registry:
@@ -83,4 +98,3 @@ class ToolGate:
                 "allowed in this run; finish with what you have.",
             )
         self.calls_made += 1
-        return await self._registry.adispatch(name, request.args, self._context)

@@ -2,6 +2,7 @@
 # hermes-sandbox RPC client: stdlib-only, Python 3.8+. It is copied verbatim into
 # every generated hermes_tools.py; the protocol it speaks is docs/protocol.md.
 # ---------------------------------------------------------------------------
+import itertools as _itertools
 import json as _json
 import os as _os
 import shlex as _shlex
@@ -38,23 +39,22 @@ class _Connection(object):
     and hands each to its owner (leader/follower), so no call waits on another's tool.
     """
 
-    def __init__(self, sock):
+    def __init__(self, sock, token):
         self._sock = sock
+        self._token = token
+        self._ids = _itertools.count(1)  # next() is atomic: no lock needed for ids
         self._send_lock = _threading.Lock()
         self._cond = _threading.Condition(_threading.Lock())
         self._replies = {}
         self._reading = False
         self._failure = None
         self._buffer = bytearray()
-        self._next_id = 0
 
-    def call(self, tool, args, token):
-        with self._cond:
-            if self._failure is not None:
-                raise self._failure
-            self._next_id += 1
-            request_id = self._next_id
-        body = _pack({"id": request_id, "tool": tool, "args": args, "token": token})
+    def call(self, tool, args):
+        if self._failure is not None:
+            raise self._failure
+        request_id = next(self._ids)
+        body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
         try:
             with self._send_lock:
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
@@ -106,9 +106,13 @@ class _Connection(object):
         (size,) = _HEADER.unpack_from(buffer)
         while len(buffer) < 4 + size:
             self._fill()
-        body = bytes(buffer[4 : 4 + size])
+        with memoryview(buffer) as view:  # decode in place: no copy of a large reply
+            body = view[4 : 4 + size]
+            try:
+                reply = _unpack(body)
+            finally:
+                body.release()
         del buffer[: 4 + size]
-        reply = _unpack(body)
         if not isinstance(reply, dict):
             raise ValueError("reply is not a map")
         return reply
@@ -157,7 +161,7 @@ def _connect():
             except OSError as exc:
                 sock.close()
                 raise ToolCallError("cannot reach the host at %s: %s" % (path, exc)) from exc
-            _connection = _Connection(sock)
+            _connection = _Connection(sock, _os.environ.get("HERMES_RPC_TOKEN", ""))
         return _connection
 
 
@@ -179,10 +183,9 @@ def _call(tool, args):
     as ``{"error": ..., "error_kind": ...}`` like any tool error; a connection that
     cannot be made or breaks raises ToolCallError naming the tool.
     """
-    args = dict((k, v) for k, v in args.items() if v is not None)
-    token = _os.environ.get("HERMES_RPC_TOKEN", "")
+    args = {k: v for k, v in args.items() if v is not None}
     try:
-        reply = _connect().call(tool, args, token)
+        reply = (_connection or _connect()).call(tool, args)
     except ToolCallError as exc:
         raise ToolCallError("%s(): %s" % (tool, exc)) from None
     error = reply.get("error")

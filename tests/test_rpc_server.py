@@ -20,10 +20,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import msgpack
 import pytest
 
+import rpc.unix
 from rpc.errors import CallRefused
 from rpc.messages import Request
 from rpc.server import DEFAULT_MAX_CONNECTIONS, RPCServer
@@ -167,6 +169,20 @@ class TestHandler:
         if request.tool == "boom":
             raise RuntimeError("the tool blew up")
         raise CallRefused("unknown_tool", f"Unknown tool: {request.tool}")
+
+
+@pytest.fixture(autouse=True, params=["protocol", "stream"])
+def connection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run every test over both ways the server reads a connection: the asyncio
+    protocol (what serve_unix_socket uses on asyncio) and RPCServer.serve over an anyio
+    byte stream (what other backends and the relay use)."""
+    if request.param == "stream":
+
+        async def over_anyio_stream(server: RPCServer, conn: socket.socket) -> None:
+            await server.serve(await anyio.abc.SocketStream.from_socket(conn))
+
+        monkeypatch.setattr(rpc.unix, "_serve_connection", over_anyio_stream)
+    return str(request.param)
 
 
 @asynccontextmanager

@@ -127,9 +127,9 @@ class CountingServer(RPCServer):
         super().__init__(*args, **kwargs)
         self.accepted = 0
 
-    async def serve(self, stream: Any) -> None:
+    def admit_connection(self) -> bool:
         self.accepted += 1
-        await super().serve(stream)
+        return super().admit_connection()
 
 
 @asynccontextmanager
@@ -292,7 +292,7 @@ async def test_error_replies_are_returned_not_raised(tmp_path: Path, socket_dir:
             "second": hermes_tools.echo("two"),
             "spent": hermes_tools.echo("three"),
         }
-        os.environ["HERMES_RPC_TOKEN"] = "not-the-token"
+        hermes_tools._connection._token = "not-the-token"  # read once, at connect
         out["bad_token"] = hermes_tools.echo("four")
         print(json.dumps(out))
     """

@@ -97,6 +97,7 @@ class ToolEntry:
     emoji: str = ""
     max_result_size_chars: int | None = None
     validate_args: bool = True
+    inline: bool = False
     takes_context: bool = field(default=False, repr=False)
     arguments: ToolArguments | None = field(default=None, repr=False, compare=False)
 
@@ -424,6 +425,7 @@ class ToolRegistry:
         emoji: str = "",
         max_result_size_chars: int | None = None,
         validate_args: bool = True,
+        inline: bool = False,
         override: bool = False,
     ) -> ToolEntry:
         """Add a tool, or replace one of the same toolset.
@@ -431,7 +433,9 @@ class ToolRegistry:
         ``requires_env`` names the environment variables the tool needs (shown to
         users; ``check_fn`` decides availability). ``validate_args=False`` hands the
         handler coerced but unvalidated arguments, for a tool that words its own advice
-        on wrong calls.
+        on wrong calls. ``inline=True`` promises that a sync handler never blocks (no
+        I/O, no sleeping, quick): async callers then run it on the event loop itself
+        instead of handing it to a worker thread, which saves most of a call's cost.
 
         Raises ValueError if ``name`` belongs to another toolset (unless ``override``)
         or if the schema's ``parameters`` is not a valid JSON Schema.
@@ -455,6 +459,7 @@ class ToolRegistry:
             emoji=emoji,
             max_result_size_chars=max_result_size_chars,
             validate_args=validate_args,
+            inline=inline,
             takes_context=_takes_context(handler),
             arguments=arguments,
         )
@@ -588,6 +593,11 @@ class ToolRegistry:
         except Exception as exc:
             log.debug("tool %s failed", name, exc_info=True)
             return tool_error(f"Tool execution failed: {type(exc).__name__}: {exc}")
+
+    def runs_inline(self, name: str) -> bool:
+        """Whether ``name`` is a sync tool registered ``inline``: safe to call on a loop."""
+        entry = self._tools.get(name)
+        return entry is not None and entry.inline and not entry.is_async
 
     def dispatch(self, name: str, args: dict[str, Any], ctx: ToolContext | None = None) -> str:
         """Call a tool from synchronous code, in any thread. Never raises.
