@@ -112,6 +112,13 @@ class Environment(abc.ABC):
     async def aclose(self) -> None:
         """Stop it and remove everything it started. Idempotent."""
 
+    def host_socket_path(self, directory: str, name: str) -> str | None:
+        """A path for a Unix socket that the host can listen on and processes in this
+        environment can connect to at the same path, for a socket named ``name`` in
+        ``directory`` (a directory this environment made); None when there is none, as
+        on a remote host. The runtime then carries tool calls over the relay instead."""
+        return None
+
     @property
     @abc.abstractmethod
     def python(self) -> str:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import BinaryIO
 
 import anyio
 import anyio.abc
@@ -64,6 +65,9 @@ class LocalEnvironment(Environment):
     def python(self) -> str:
         return self._python
 
+    def host_socket_path(self, directory: str, name: str) -> str | None:
+        return os.path.join(directory, name)  # this machine: every path is the host's
+
     async def start(self) -> None:
         return None
 
@@ -106,16 +110,21 @@ class LocalEnvironment(Environment):
         merged = self._child_env(None)
         if env:
             merged.update(env)
-        process = await anyio.open_process(
-            list(argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=merged,
-            start_new_session=True,
-        )
-        return LocalExecStream(process)
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
+        try:
+            process = await anyio.open_process(
+                list(argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd=cwd,
+                env=merged,
+                start_new_session=True,
+            )
+        except BaseException:
+            stderr.close()
+            raise
+        return LocalExecStream(process, stderr)
 
     async def execute(
         self,
@@ -247,28 +256,25 @@ class LocalProcess(SandboxProcess):
 
 
 class LocalExecStream(ExecStream):
-    """A local process's stdin and stdout as one stream; stderr kept as a short tail."""
+    """A local process's stdin and stdout as one stream; stderr goes to a temp file."""
 
     _STDERR_TAIL = 8192
 
-    def __init__(self, process: anyio.abc.Process) -> None:
+    def __init__(self, process: anyio.abc.Process, stderr: BinaryIO) -> None:
         assert process.stdin is not None and process.stdout is not None
         self._process = process
         self._stdin = process.stdin
         self._stdout = process.stdout
-        self.stderr_tail = b""
-        self._stderr_task_done = anyio.Event()
+        self._stderr = stderr
 
-    async def collect_stderr(self) -> None:
-        """Keep the tail of stderr; run it in a task for as long as the stream is used."""
+    @property
+    def stderr_tail(self) -> bytes:  # type: ignore[override]
         try:
-            if self._process.stderr is not None:
-                async for chunk in self._process.stderr:
-                    self.stderr_tail = (self.stderr_tail + chunk)[-self._STDERR_TAIL :]
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        finally:
-            self._stderr_task_done.set()
+            size = self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, size - self._STDERR_TAIL))
+            return self._stderr.read()
+        except (OSError, ValueError):
+            return b""
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         return await self._stdout.receive(max_bytes)
@@ -285,11 +291,12 @@ class LocalExecStream(ExecStream):
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             await self._stdin.aclose()
-            with anyio.move_on_after(2):
+            with anyio.move_on_after(5):
                 await self._process.wait()
             if self._process.returncode is None:
                 self._process.kill()
             await self._process.aclose()
+            self._stderr.close()
 
 
 class _EmptyStream(anyio.abc.ByteReceiveStream):

@@ -20,13 +20,14 @@ from typing import Any
 import anyio
 
 from environments import Environment, SandboxProcess, get_environment_class
-from rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer, serve_unix_socket
+from rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from sandbox.childenv import scrub_environment
 from sandbox.gate import ToolCallBudget, ToolGate
 from sandbox.hints import failure_hint
 from sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
 from sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
-from stubs import STUB_MODULE, stub_files
+from sandbox.transports import TRANSPORTS, TransportUnavailable, choose_transport
+from stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
 from tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from tools.registry import ToolContext, ToolRegistry
 from tools.registry import registry as default_registry
@@ -34,7 +35,6 @@ from tools.registry import registry as default_registry
 log = logging.getLogger(__name__)
 
 SCRIPT_NAME = "script.py"
-SOCKET_NAME = "rpc.sock"
 DRAIN_SECONDS = 2.0
 
 
@@ -64,6 +64,7 @@ class RunOptions:
     kill_grace: float = 2.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
+    transport: str = "auto"  # "auto", "unix" or "relay" (sandbox/transports.py)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
     budget: ToolCallBudget | None = field(default=None, compare=False)
     approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
@@ -122,6 +123,8 @@ def _error_line(stderr: str) -> str | None:
     for line in reversed(stderr.strip().splitlines()):
         line = line.strip()
         if line:
+            if ":" not in line:
+                return None
             head = line.split(":", 1)[0]
             if head.isidentifier() or ("." in head and head.replace(".", "").isidentifier()):
                 return line[:300]
@@ -185,6 +188,15 @@ async def _supervise(
     return ("success" if exit_code == 0 else "error"), exit_code
 
 
+async def _stage(environment: Environment, stage: str, code: str, files: Mapping[str, str]) -> None:
+    """Write the script and the runtime's files into the stage directory."""
+    await environment.write_bytes(
+        posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600
+    )
+    for name, text in files.items():
+        await environment.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
+
+
 def _make_environment(options: RunOptions, base_env: dict[str, str]) -> Environment:
     cls = get_environment_class(options.backend)
     kwargs: dict[str, Any] = {"env": base_env, "kill_grace": options.kill_grace}
@@ -228,18 +240,19 @@ async def run_code(
     stderr = CappedOutput(options.max_stderr_bytes)
     environment = _make_environment(options, base_env)
     gate: ToolGate | None = None
+    marker = secrets.token_hex(12)
+    try:
+        transport = choose_transport(options.transport, environment)
+    except TransportUnavailable as exc:
+        raise RunError(str(exc)) from None
     try:
         await environment.start()
         try:
             stage = await environment.make_private_dir("hermes-sandbox-")
             try:
-                script_path = posixpath.join(stage, SCRIPT_NAME)
-                await environment.write_bytes(script_path, code.encode("utf-8"), mode=0o600)
-                for name, text in files.items():
-                    await environment.write_bytes(
-                        posixpath.join(stage, name), text.encode(), mode=0o600
-                    )
-                token = secrets.token_urlsafe(32)
+                if transport == "relay":
+                    files = {**files, RELAY_MODULE: relay_source()}
+                await _stage(environment, stage, code, files)
                 context = ToolContext(
                     task_id=options.task_id or uuid.uuid4().hex,
                     environment=environment,
@@ -248,27 +261,35 @@ async def run_code(
                     workspace_root=options.workspace_root,
                 )
                 gate = ToolGate(registry, tools, budget, context)
+                token = secrets.token_urlsafe(32)
                 server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
-                socket_path = posixpath.join(stage, SOCKET_NAME)
-                async with serve_unix_socket(server, socket_path):
-                    pythonpath = base_env.get("PYTHONPATH")
-                    child_env = {
-                        **base_env,
-                        "HERMES_RPC_SOCKET": socket_path,
-                        "HERMES_RPC_TOKEN": token,
-                        "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
-                    }
-                    process = await environment.spawn(
-                        [environment.python, script_path], env=child_env, cwd=cwd
-                    )
-                    status, exit_code = await _supervise(
-                        process,
-                        stdout,
-                        stderr,
-                        timeout=options.timeout,
-                        kill_grace=options.kill_grace,
-                        interrupt=interrupt,
-                    )
+                pythonpath = base_env.get("PYTHONPATH")
+                child_env = {
+                    **base_env,
+                    "HERMES_RPC_TOKEN": token,
+                    "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
+                }
+                launch = TRANSPORTS[transport](
+                    environment,
+                    server,
+                    stage=stage,
+                    argv=[environment.python, posixpath.join(stage, SCRIPT_NAME)],
+                    env=child_env,
+                    cwd=cwd,
+                    marker=marker,
+                )
+                try:
+                    async with launch as process:
+                        status, exit_code = await _supervise(
+                            process,
+                            stdout,
+                            stderr,
+                            timeout=options.timeout,
+                            kill_grace=options.kill_grace,
+                            interrupt=interrupt,
+                        )
+                except TransportUnavailable as exc:
+                    raise RunError(str(exc)) from None
             finally:
                 with anyio.CancelScope(shield=True):
                     await environment.remove_tree(stage)

@@ -4,6 +4,22 @@ Nothing in the generated files may need more than the standard library of the
 sandbox's Python (3.8 or newer).
 """
 
-from stubs.generate import CODEC_MODULE, STUB_MODULE, StubError, generate_stub, stub_files
+from stubs.generate import (
+    CODEC_MODULE,
+    RELAY_MODULE,
+    STUB_MODULE,
+    StubError,
+    generate_stub,
+    relay_source,
+    stub_files,
+)
 
-__all__ = ["CODEC_MODULE", "STUB_MODULE", "StubError", "generate_stub", "stub_files"]
+__all__ = [
+    "CODEC_MODULE",
+    "RELAY_MODULE",
+    "STUB_MODULE",
+    "StubError",
+    "generate_stub",
+    "relay_source",
+    "stub_files",
+]

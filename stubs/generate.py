@@ -17,6 +17,7 @@ from typing import Any
 
 STUB_MODULE = "hermes_tools.py"
 CODEC_MODULE = "_hermes_msgpack.py"
+RELAY_MODULE = "_hermes_relay.py"
 
 # Names the client and its helpers own; a tool or a parameter may not take them.
 _RESERVED = frozenset({"json_parse", "shell_quote", "retry", "ToolCallError", "kwargs", "_call"})
@@ -46,6 +47,11 @@ def client_source() -> str:
 @functools.cache
 def codec_source() -> str:
     return _source("_msgpack.py")
+
+
+@functools.cache
+def relay_source() -> str:
+    return _source("_relay.py")
 
 
 def _docstring(text: str, indent: str = "    ") -> str:

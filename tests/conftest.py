@@ -90,18 +90,25 @@ def no_leftover_processes(monkeypatch: pytest.MonkeyPatch) -> Any:
     pytest.fail("sandbox processes left alive after the test: " + "; ".join(described))
 
 
+@pytest.fixture(params=["unix", "relay"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each transport the local backend supports: tests that use ``run`` run over all."""
+    return str(request.param)
+
+
 @pytest.fixture
-def run(tmp_path: Path) -> Callable[..., ExecutionResult]:
+def run(tmp_path: Path, transport: str) -> Callable[..., ExecutionResult]:
     """``run(code, **options)``: dedent ``code`` and run it with execute_code.
 
-    Defaults: ``timeout=DEFAULT_TIMEOUT`` and ``spill_dir`` under ``tmp_path``; any
-    execute_code keyword (tools, env, cwd, max_tool_calls, RunOptions fields) may be
-    given.
+    Defaults: ``timeout=DEFAULT_TIMEOUT``, ``spill_dir`` under ``tmp_path`` and the
+    ``transport`` of the test's parameter; any execute_code keyword (tools, env, cwd,
+    max_tool_calls, RunOptions fields) may be given.
     """
 
     def _run(code: str, **options: Any) -> ExecutionResult:
         options.setdefault("timeout", DEFAULT_TIMEOUT)
         options.setdefault("spill_dir", str(tmp_path / "spill"))
+        options.setdefault("transport", transport)
         return execute_code(textwrap.dedent(code), **options)
 
     return _run

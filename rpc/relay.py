@@ -1,0 +1,285 @@
+"""The stream relay, host side: one exec stream carries a whole run.
+
+The relay program (stubs/_relay.py) runs inside the sandbox with its stdin and
+stdout attached to a byte stream the backend gives us (``open_exec_stream``). Over it
+travel, as frames of the usual kind (docs/protocol.md, "Stream relay"):
+
+- the script's stdout and stderr, which :class:`RelaySession` exposes as byte streams;
+- its exit status (:meth:`RelaySession.wait`), and our request to kill it;
+- the bytes of every RPC connection the script opens to the relay's socket inside the
+  sandbox: each becomes a virtual byte stream that :meth:`RPCServer.serve` serves
+  exactly like a socket on the host.
+
+So any backend that can attach to a process's stdin and stdout gets full-speed RPC,
+the output caps and the timeout, with one round trip per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from rpc.errors import ConnectionClosed, FrameError, RPCError
+from rpc.framing import DEFAULT_MAX_FRAME_SIZE, encode_frame, iter_messages
+from rpc.server import RPCServer
+
+_OUTPUT_BUFFER = 64  # chunks of script output held before the relay is made to wait
+
+
+class RelayError(RPCError):
+    """The relay failed or went away; the message says what it reported."""
+
+
+class _ChannelWriter:
+    """Frames to the relay, written whole, one at a time."""
+
+    def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
+        self._stream = stream
+        self._lock = anyio.Lock(fast_acquire=True)
+        self.broken = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        frame = encode_frame(message)
+        async with self._lock:
+            if self.broken:
+                raise anyio.BrokenResourceError
+            try:
+                await self._stream.send(frame)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                self.broken = True
+                raise anyio.BrokenResourceError from None
+
+
+class _RelayedConnection(anyio.abc.ByteStream):
+    """One RPC connection of the script, as a byte stream on the host."""
+
+    def __init__(self, conn_id: int, writer: _ChannelWriter) -> None:
+        self.conn_id = conn_id
+        self._writer = writer
+        self._incoming: MemoryObjectSendStream[bytes]
+        self._received: MemoryObjectReceiveStream[bytes]
+        self._incoming, self._received = anyio.create_memory_object_stream[bytes](256)
+        self._closed = False
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self._incoming.send_nowait(data)
+        except anyio.WouldBlock:
+            # The script sends faster than the server reads: drop the connection
+            # rather than buffer without bound.
+            self.end()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    def end(self) -> None:
+        self._incoming.close()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            return await self._received.receive()
+        except anyio.EndOfStream:
+            raise anyio.EndOfStream from None
+
+    async def send(self, item: bytes) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await self._writer.send({"op": "rpc", "conn": self.conn_id, "data": bytes(item)})
+
+    async def send_eof(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._incoming.close()
+        self._received.close()
+        try:
+            await self._writer.send({"op": "close", "conn": self.conn_id})
+        except anyio.BrokenResourceError:
+            pass
+
+
+class _OutputStream(anyio.abc.ByteReceiveStream):
+    def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
+        self._receive = receive
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self._receive.receive()
+
+    async def aclose(self) -> None:
+        self._receive.close()
+
+
+class RelaySession:
+    """A script run through a relay: the SandboxProcess contract, over one channel.
+
+    Use as::
+
+        async with RelaySession(channel, server) as session:   # serves the channel
+            await session.start(argv, env=..., cwd=..., socket_path=..., marker=...)
+            ... read session.stdout / session.stderr, await session.wait() ...
+
+    Leaving the context kills whatever still runs and closes the channel.
+    """
+
+    def __init__(
+        self,
+        channel: anyio.abc.ByteStream,
+        server: RPCServer,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        self._channel = channel
+        self._server = server
+        self._max_frame_size = max_frame_size
+        self._writer = _ChannelWriter(channel)
+        out_send, out_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
+        err_send, err_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
+        self._sinks = {1: out_send, 2: err_send}
+        self.stdout = _OutputStream(out_receive)
+        self.stderr = _OutputStream(err_receive)
+        self._connections: dict[int, _RelayedConnection] = {}
+        self._exited = anyio.Event()
+        self._started = anyio.Event()
+        self.exit_code: int | None = None
+        self.pid: int | None = None
+        self.error: str | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._context: AbstractAsyncContextManager[RelaySession]
+
+    async def __aenter__(self) -> RelaySession:
+        self._context = self._serve()
+        return await self._context.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._context.__aexit__(*exc_info)
+
+    @asynccontextmanager
+    async def _serve(self) -> AsyncIterator[RelaySession]:
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                tasks.start_soon(self._demultiplex)
+                try:
+                    yield self
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        if not self._exited.is_set():
+                            await self.kill(0)
+                    tasks.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._channel.aclose()
+                for sink in self._sinks.values():
+                    sink.close()
+                await self.stdout.aclose()
+                await self.stderr.aclose()
+
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        socket_path: str | None,
+        marker: str | None = None,
+    ) -> None:
+        """Ask the relay to start the script; raise RelayError if it cannot."""
+        await self._writer.send(
+            {
+                "op": "run",
+                "argv": list(argv),
+                "env": dict(env),
+                "cwd": cwd,
+                "socket": socket_path,
+                "marker": marker,
+            }
+        )
+        with anyio.fail_after(30):
+            await self._started.wait()
+        if self.pid is None:
+            raise RelayError(self.error or "the relay did not start the script")
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.exit_code is not None
+        return self.exit_code
+
+    async def kill(self, grace: float = 2.0) -> None:
+        """Have the relay kill the script's whole tree; wait until it reports the exit."""
+        if self._exited.is_set():
+            return
+        try:
+            await self._writer.send({"op": "kill", "grace": grace})
+        except anyio.BrokenResourceError:
+            self._mark_exit(-9, "the relay channel broke")
+            return
+        with anyio.move_on_after(grace + 10):
+            await self._exited.wait()
+        if not self._exited.is_set():
+            self._mark_exit(-9, "the relay did not report the script's exit after a kill")
+
+    async def aclose(self) -> None:
+        await self.kill(0)
+
+    def _mark_exit(self, code: int, error: str | None = None) -> None:
+        if self._exited.is_set():
+            return
+        if error and not self.error:
+            self.error = error
+        self.exit_code = code
+        self._started.set()
+        self._exited.set()
+        for sink in self._sinks.values():
+            sink.close()
+        for connection in self._connections.values():
+            connection.end()
+
+    async def _demultiplex(self) -> None:
+        assert self._tasks is not None
+        try:
+            async for message in iter_messages(self._channel, self._max_frame_size):
+                op = message.get("op")
+                if op == "out":
+                    sink = self._sinks.get(message.get("fd", 1))
+                    if sink is not None:
+                        try:
+                            await sink.send(message.get("data") or b"")
+                        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                            pass
+                elif op == "rpc":
+                    connection = self._connections.get(message.get("conn", -1))
+                    if connection is not None:
+                        connection.feed(message.get("data") or b"")
+                elif op == "open":
+                    conn_id = int(message["conn"])
+                    connection = _RelayedConnection(conn_id, self._writer)
+                    self._connections[conn_id] = connection
+                    self._tasks.start_soon(self._serve_connection, connection)
+                elif op == "close":
+                    connection = self._connections.get(message.get("conn", -1))
+                    if connection is not None:
+                        connection.end()
+                elif op == "started":
+                    self.pid = int(message.get("pid", 0)) or None
+                    self._started.set()
+                elif op == "exit":
+                    self._mark_exit(int(message.get("code", 1)))
+                elif op == "error":
+                    self.error = str(message.get("message"))
+        except (FrameError, ConnectionClosed) as exc:
+            self._mark_exit(-9, f"the relay channel broke: {exc}")
+        finally:
+            self._mark_exit(-9, "the relay went away before the script's exit")
+
+    async def _serve_connection(self, connection: _RelayedConnection) -> None:
+        try:
+            await self._server.serve(connection)
+        finally:
+            self._connections.pop(connection.conn_id, None)

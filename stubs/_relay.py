@@ -1,0 +1,388 @@
+"""hermes-sandbox stream relay: runs inside the sandbox, on the far end of an exec stream.
+
+Stdlib only, Python 3.8+. Started as ``python3 _hermes_relay.py`` with its stdin and
+stdout attached to the host (a docker exec, an ssh channel, a pipe). Over that one
+channel it carries, multiplexed, the script's stdout and stderr, its exit status, and
+the bytes of every RPC connection the script opens to the Unix socket the relay
+listens on inside the sandbox, so the same hermes_tools client works unchanged.
+
+Channel messages are frames (4-byte big-endian length, one msgpack map), as in
+docs/protocol.md section "Stream relay". Host to relay: run, rpc, close, kill.
+Relay to host: started, open, rpc, close, out, exit, error. End of input from the
+host means it is gone: the relay kills everything it started and exits.
+"""
+
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+try:
+    import msgpack as _mp
+
+    def _pack(obj):
+        return _mp.packb(obj, use_bin_type=True)
+
+    def _unpack(data):
+        return _mp.unpackb(data, raw=False, strict_map_key=False)
+
+except Exception:
+    from _hermes_msgpack import packb as _pack, unpackb as _unpack
+
+_HEADER = struct.Struct(">I")
+_CHUNK = 65536
+_MAX_FRAME = 64 * 1024 * 1024
+_DRAIN_SECONDS = 2.0
+
+
+class Relay(object):
+    def __init__(self, channel_in, channel_out):
+        self.cin = channel_in
+        self.cout = channel_out
+        self.sel = selectors.DefaultSelector()
+        self.inbuf = bytearray()
+        self.child = None
+        self.sid = None
+        self.marker = None
+        self.listener = None
+        self.socket_path = None
+        self.conns = {}
+        self.next_conn = 0
+        self.pipes = {}
+        self.exit_code = None
+        self.killing = False
+        self.sigchld_r, self.sigchld_w = os.pipe()
+        os.set_blocking(self.sigchld_w, False)
+        os.set_blocking(self.sigchld_r, False)
+
+    # -- channel -----------------------------------------------------------------------
+    def send(self, message):
+        body = _pack(message)
+        data = _HEADER.pack(len(body)) + body
+        view = memoryview(data)
+        while view:  # blocking writes: the host reads the channel continuously
+            view = view[os.write(self.cout, view) :]
+
+    def read_channel(self):
+        try:
+            chunk = os.read(self.cin, 262144)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.host_gone()
+            return
+        self.inbuf += chunk
+        while len(self.inbuf) >= 4:
+            (size,) = _HEADER.unpack_from(self.inbuf)
+            if size == 0 or size > _MAX_FRAME:
+                self.fatal("bad frame from the host (%d bytes)" % size)
+            if len(self.inbuf) < 4 + size:
+                return
+            message = _unpack(bytes(self.inbuf[4 : 4 + size]))
+            del self.inbuf[: 4 + size]
+            self.handle(message)
+
+    def handle(self, message):
+        op = message.get("op")
+        if op == "rpc":
+            conn = self.conns.get(message.get("conn"))
+            if conn is not None:
+                try:
+                    conn.sendall(message.get("data") or b"")
+                except OSError:
+                    self.close_conn(message.get("conn"), tell_host=True)
+        elif op == "close":
+            self.close_conn(message.get("conn"), tell_host=False)
+        elif op == "run":
+            self.start(message)
+        elif op == "kill":
+            self.kill_all(float(message.get("grace", 2.0)))
+        else:
+            self.send({"op": "error", "message": "unknown op %r" % (op,)})
+
+    # -- the script --------------------------------------------------------------------
+    def start(self, message):
+        if self.child is not None:
+            self.send({"op": "error", "message": "already running"})
+            return
+        env = dict(message.get("env") or {})
+        for name, value in os.environ.items():  # the backend's own markers pass on
+            if name.startswith("HERMES_SANDBOX_"):
+                env.setdefault(name, value)
+        self.marker = message.get("marker")
+        if self.marker:
+            env["HERMES_SANDBOX_RUN"] = self.marker
+        self.socket_path = message.get("socket")
+        try:
+            if self.socket_path:
+                self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.listener.bind(self.socket_path)
+                os.chmod(self.socket_path, 0o600)
+                self.listener.listen(64)
+                self.listener.setblocking(False)
+                self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+            self.child = subprocess.Popen(
+                message["argv"],
+                env=env,
+                cwd=message.get("cwd") or None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except Exception as exc:
+            self.send({"op": "error", "message": "cannot start the script: %s" % (exc,)})
+            self.exit_code = 127
+            self.send({"op": "exit", "code": 127})
+            self.shutdown()
+            return
+        self.sid = self.child.pid
+        for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
+            os.set_blocking(pipe.fileno(), False)
+            self.pipes[pipe.fileno()] = (fd_number, pipe)
+            self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
+        self.send({"op": "started", "pid": self.child.pid})
+
+    def read_output(self, fd):
+        fd_number, pipe = self.pipes[fd]
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.send({"op": "out", "fd": fd_number, "data": data})
+        else:
+            self.sel.unregister(fd)
+            pipe.close()
+            del self.pipes[fd]
+
+    def child_exited(self):
+        if self.child is None or self.exit_code is not None:
+            return False
+        code = self.child.poll()
+        if code is None:
+            return False
+        self.exit_code = code
+        return True
+
+    def finish(self):
+        """The script exited: remove what it left, drain its output, report."""
+        self.kill_tree(2.0)
+        deadline = time.monotonic() + _DRAIN_SECONDS
+        while self.pipes and time.monotonic() < deadline:
+            for key, _ in self.sel.select(timeout=0.05):
+                if key.data[0] == "out":
+                    self.read_output(key.fd)
+        code = self.exit_code
+        self.send({"op": "exit", "code": 128 - code if code < 0 else code})
+        self.shutdown()
+
+    # -- RPC connections ---------------------------------------------------------------
+    def accept(self):
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        self.next_conn += 1
+        conn_id = self.next_conn
+        conn.setblocking(True)
+        self.conns[conn_id] = conn
+        self.sel.register(conn, selectors.EVENT_READ, ("conn", conn_id))
+        self.send({"op": "open", "conn": conn_id})
+
+    def read_conn(self, conn_id):
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            return
+        try:
+            data = conn.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.send({"op": "rpc", "conn": conn_id, "data": data})
+        else:
+            self.close_conn(conn_id, tell_host=True)
+
+    def close_conn(self, conn_id, tell_host):
+        conn = self.conns.pop(conn_id, None)
+        if conn is None:
+            return
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+        if tell_host:
+            self.send({"op": "close", "conn": conn_id})
+
+    # -- killing -----------------------------------------------------------------------
+    def members(self):
+        """Processes of the script: its session, and any carrying the run marker."""
+        found = set()
+        me = os.getpid()
+        marker = ("HERMES_SANDBOX_RUN=%s" % self.marker).encode() if self.marker else None
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            names = []
+        for name in names:
+            if not name.isdigit() or int(name) == me:
+                continue
+            pid = int(name)
+            try:
+                if self.sid is not None and os.getsid(pid) == self.sid:
+                    found.add(pid)
+                    continue
+            except OSError:
+                continue
+            if marker is not None:
+                try:
+                    with open("/proc/%d/environ" % pid, "rb") as f:
+                        if marker in f.read().split(b"\0"):
+                            found.add(pid)
+                except OSError:
+                    pass
+        return found
+
+    @staticmethod
+    def alive(pid):
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            return state not in (b"Z", b"X")
+        except (OSError, IndexError):
+            return False
+
+    @staticmethod
+    def signal_all(pids, sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def freeze(self, frozen):
+        for _ in range(20):
+            new = self.members() - frozen
+            if not new:
+                break
+            self.signal_all(new, signal.SIGSTOP)
+            frozen |= new
+        return frozen
+
+    def kill_tree(self, grace):
+        targets = self.freeze(set())
+        if not targets:
+            return
+        if grace > 0:
+            self.signal_all(targets, signal.SIGTERM)
+            self.signal_all(targets, signal.SIGCONT)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(self.alive(p) for p in targets):
+                self.reap()
+                time.sleep(0.01)
+        targets = self.freeze(set(p for p in targets if self.alive(p)))
+        self.signal_all(targets, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(self.alive(p) for p in targets):
+            self.reap()
+            time.sleep(0.005)
+        self.reap()
+
+    def reap(self):
+        # The relay may be pid 1 of its namespace or the parent of orphans: reap them.
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.child is not None and pid == self.child.pid and self.exit_code is None:
+                self.child.returncode = (
+                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                )
+
+    def kill_all(self, grace):
+        if self.killing:
+            return
+        self.killing = True
+        self.kill_tree(grace)
+
+    def host_gone(self):
+        self.kill_tree(0)
+        self.shutdown()
+        os._exit(0)
+
+    def fatal(self, message):
+        try:
+            self.send({"op": "error", "message": message})
+        finally:
+            self.kill_tree(0)
+            self.shutdown()
+            os._exit(2)
+
+    def shutdown(self):
+        for conn_id in list(self.conns):
+            self.close_conn(conn_id, tell_host=False)
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+        self.done = True
+
+    # -- main loop ---------------------------------------------------------------------
+    def run(self):
+        self.done = False
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.sigchld_w)
+        os.set_blocking(self.cin, False)
+        self.sel.register(self.cin, selectors.EVENT_READ, ("channel", None))
+        self.sel.register(self.sigchld_r, selectors.EVENT_READ, ("sigchld", None))
+        while not self.done:
+            for key, _ in self.sel.select(timeout=0.5):
+                kind, arg = key.data
+                if kind == "channel":
+                    self.read_channel()
+                elif kind == "out":
+                    if key.fd in self.pipes:
+                        self.read_output(key.fd)
+                elif kind == "conn":
+                    self.read_conn(arg)
+                elif kind == "accept":
+                    self.accept()
+                elif kind == "sigchld":
+                    try:
+                        os.read(self.sigchld_r, 4096)
+                    except OSError:
+                        pass
+                if self.done:
+                    break
+            if not self.done and self.child_exited():
+                self.finish()
+
+
+def main():
+    # The channel is fds 0 and 1; nothing else may write to fd 1, so point the
+    # relay's own sys.stdout elsewhere.
+    channel_out = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = sys.stderr
+    Relay(0, channel_out).run()
+
+
+if __name__ == "__main__":
+    main()
