@@ -3,7 +3,10 @@
 The server (tests/httpserver.py) plays SearXNG, Brave, Tavily and Firecrawl with the
 request and answer shapes of their public APIs, and serves the pages web_extract reads:
 HTML, plain text, binary, redirects, a 404, a page bigger than the size cap, slow pages.
-Every provider variable is cleared first, so nothing here leaves 127.0.0.1.
+Every provider variable is cleared first, so nothing here leaves 127.0.0.1. Direct
+fetching refuses loopback addresses by default: the tests that read the local server's
+pages set HERMES_WEB_ALLOW_PRIVATE=1 (the ``direct`` fixture), and those of the refusals
+make sure no connection is even attempted (the ``no_connections`` fixture).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import httpcore
 import pytest
 from httpserver import LocalHTTPServer, Reply, Request
 
@@ -38,6 +42,8 @@ CONFIG_VARS = (
     "FIRECRAWL_API_KEY",
     "FIRECRAWL_API_URL",
     "HERMES_WEB_TIMEOUT",
+    "HERMES_WEB_ALLOW_PRIVATE",
+    "HERMES_WEB_ALLOW_HOSTS",
 )
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
@@ -304,6 +310,7 @@ async def test_the_shared_registry_serves_them(
 ) -> None:
     monkeypatch.setenv("SEARXNG_URL", site.url("/searxng"))
     monkeypatch.setenv("HERMES_WEB_EXTRACT", "direct")
+    monkeypatch.setenv("HERMES_WEB_ALLOW_PRIVATE", "1")
     search = json.loads(await registry.adispatch("web_search", {"query": "q", "limit": 1}))
     assert search["results"][0]["url"] == "https://example.org/searx/0"
     extract = json.loads(await registry.adispatch("web_extract", {"urls": [site.url("/plain")]}))
@@ -618,7 +625,9 @@ async def test_a_malformed_timeout_setting_is_explained(
 
 @pytest.fixture
 def direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct fetching, allowed to reach the local server (a loopback address)."""
     monkeypatch.setenv("HERMES_WEB_EXTRACT", "direct")
+    monkeypatch.setenv("HERMES_WEB_ALLOW_PRIVATE", "1")
 
 
 @pytest.mark.anyio
@@ -841,6 +850,327 @@ async def test_a_single_url_string_is_taken_as_a_list(
     assert result["results"][0]["content"].startswith("just some text")
 
 
+# -- web_extract: internal destinations ----------------------------------------------------
+
+HINT = web_tools.ALLOW_PRIVATE_HINT
+
+
+@pytest.fixture
+def guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct fetching with the default policy: internal destinations are refused."""
+    monkeypatch.setenv("HERMES_WEB_EXTRACT", "direct")
+
+
+@pytest.fixture
+def connections(site: LocalHTTPServer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every address:port the guarded backend connects to, in order.
+
+    Only the local server's is really connected; any other fails here, recorded, so a
+    check that let something through shows up as an entry here and never as traffic.
+    """
+    attempts: list[str] = []
+    original = httpcore.AnyIOBackend.connect_tcp
+
+    async def connect_tcp(
+        self: httpcore.AnyIOBackend, host: str, port: int, *args: Any, **kwargs: Any
+    ) -> httpcore.AsyncNetworkStream:
+        attempts.append(f"{host}:{port}")
+        if (host, port) != ("127.0.0.1", site.port):
+            raise httpcore.ConnectError("test: only the local server is reachable")
+        return await original(self, host, port, *args, **kwargs)
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", connect_tcp)
+    return attempts
+
+
+REFUSED_DESTINATIONS = [
+    ("http://127.0.0.1:{port}/plain", "127.0.0.1 is a loopback address"),
+    ("http://localhost:{port}/plain", "localhost resolves to "),
+    ("http://[::1]:{port}/plain", "::1 is a loopback address"),
+    ("http://2130706433:{port}/plain", "2130706433 resolves to 127.0.0.1, a loopback address"),
+    ("http://0x7f.1:{port}/plain", "0x7f.1 resolves to 127.0.0.1, a loopback address"),
+    ("http://017700000001:{port}/plain", "017700000001 resolves to 127.0.0.1, a loopback"),
+    ("http://127.1:{port}/plain", "127.1 resolves to 127.0.0.1, a loopback address"),
+    ("http://[::ffff:127.0.0.1]:{port}/plain", "::ffff:127.0.0.1 is a loopback address"),
+    ("http://0.0.0.0:{port}/plain", "0.0.0.0 is the unspecified address (this host)"),
+    ("http://169.254.169.254/latest/meta-data/", "169.254.169.254 is the cloud metadata address"),
+    ("http://[::ffff:a9fe:a9fe]/latest/", "::ffff:a9fe:a9fe is the cloud metadata address"),
+    ("http://[fd00:ec2::254]/latest/", "fd00:ec2::254 is the cloud metadata address"),
+    ("http://169.254.1.1/", "169.254.1.1 is a link-local address"),
+    ("http://[fe80::1]/", "fe80::1 is a link-local address"),
+    ("http://10.0.0.1/", "10.0.0.1 is a private address"),
+    ("http://172.16.5.4/", "172.16.5.4 is a private address"),
+    ("http://192.168.1.1:8080/", "192.168.1.1 is a private address"),
+    ("http://[fc00::1]/", "fc00::1 is a private address"),
+    ("http://[::ffff:10.0.0.1]/", "::ffff:10.0.0.1 is a private address"),
+    ("http://224.0.0.1/", "224.0.0.1 is a multicast address"),
+    ("http://[ff02::1]/", "ff02::1 is a multicast address"),
+    ("http://100.100.100.200/", "100.100.100.200 is a non-public address"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+@pytest.mark.parametrize(("url", "reason"), REFUSED_DESTINATIONS)
+async def test_internal_destinations_are_refused_before_any_connection(
+    tools: ToolRegistry, site: LocalHTTPServer, connections: list[str], url: str, reason: str
+) -> None:
+    url = url.format(port=site.port)  # the server is there, so only the check stops it
+    result = await call(tools, "web_extract", {"urls": [url]})
+    (entry,) = result["results"]
+    assert entry["url"] == url
+    assert entry["error"].startswith(f"refused: {reason}")
+    assert entry["error"].endswith(f"; {HINT}")
+    assert "HERMES_WEB_ALLOW_PRIVATE=1" in entry["error"]
+    assert connections == []
+    assert site.requests == []
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+async def test_allow_private_lets_internal_destinations_through(
+    tools: ToolRegistry,
+    site: LocalHTTPServer,
+    connections: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HERMES_WEB_ALLOW_PRIVATE", "1")
+    spellings = ("127.0.0.1", "localhost", "2130706433", "0x7f.1")
+    urls = [f"http://{host}:{site.port}/plain" for host in spellings]
+    result = await call(tools, "web_extract", {"urls": urls})
+    assert [entry["content"] for entry in result["results"]] == [
+        "just some text\nover two lines\n"
+    ] * len(urls)
+    # Each spelling connected to the address it stands for; the Host header kept the name.
+    assert connections.count(f"127.0.0.1:{site.port}") == len(urls)
+    assert sorted(r.headers["host"] for r in site.requests) == sorted(
+        f"{host}:{site.port}" for host in spellings
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+async def test_allowed_hosts_let_exactly_those_through(
+    tools: ToolRegistry,
+    site: LocalHTTPServer,
+    connections: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HERMES_WEB_ALLOW_HOSTS", f" [::1]:1 , 127.0.0.1:{site.port} ")
+    other_port = closed_port()
+    urls = [
+        site.url("/plain"),
+        f"http://127.0.0.1:{other_port}/plain",
+        f"http://localhost:{site.port}/plain",
+        f"http://2130706433:{site.port}/plain",
+    ]
+    result = await call(tools, "web_extract", {"urls": urls})
+    allowed, other, by_name, decimal = result["results"]
+    assert allowed["content"].startswith("just some text")
+    assert other["error"] == f"refused: 127.0.0.1 is a loopback address; {HINT}"
+    assert by_name["error"].startswith("refused: localhost resolves to ")
+    assert decimal["error"].startswith("refused: 2130706433 resolves to 127.0.0.1")
+    assert connections == [f"127.0.0.1:{site.port}"]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+async def test_a_redirect_to_an_internal_address_is_refused_at_that_hop(
+    tools: ToolRegistry,
+    site: LocalHTTPServer,
+    connections: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The local server stands for a public site: its own address is let through.
+    monkeypatch.setenv("HERMES_WEB_ALLOW_HOSTS", f"127.0.0.1:{site.port}")
+    targets = {
+        "/to-metadata": "http://169.254.169.254/latest/meta-data/",
+        "/to-localhost": f"http://localhost:{site.port}/plain",
+        "/to-decimal": f"http://2130706433:{site.port}/plain",
+        "/to-private": "http://user:secret@10.0.0.7/admin",
+    }
+    for path, target in targets.items():
+        site.route(path, Reply.redirect(target))
+    urls = [site.url(path) for path in targets] + [site.url("/hop/1")]
+    result = await call(tools, "web_extract", {"urls": urls})
+    metadata, localhost, decimal, private, allowed = result["results"]
+    assert metadata == {
+        "url": urls[0],
+        "error": "refused: the page redirected to http://169.254.169.254/latest/meta-data/, "
+        f"and 169.254.169.254 is the cloud metadata address; {HINT}",
+    }
+    assert localhost["error"].startswith(
+        f"refused: the page redirected to http://localhost:{site.port}/plain, "
+        "and localhost resolves to "
+    )
+    assert decimal["error"] == (
+        f"refused: the page redirected to http://2130706433:{site.port}/plain, and "
+        f"2130706433 resolves to 127.0.0.1, a loopback address; {HINT}"
+    )
+    assert private["error"] == (
+        "refused: the page redirected to http://10.0.0.7/admin, and 10.0.0.7 is a private "
+        f"address; {HINT}"
+    )
+    # Redirects that stay on allowed ground are followed as before.
+    assert allowed["final_url"] == site.url("/article")
+    served = sorted(r.path for r in site.requests)
+    assert served == sorted([*targets, "/hop/1", "/hop/2", "/hop/3", "/article"])
+    assert set(connections) == {f"127.0.0.1:{site.port}"}
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+async def test_a_name_is_resolved_once_and_the_checked_address_connected(
+    tools: ToolRegistry,
+    site: LocalHTTPServer,
+    connections: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lookups: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        lookups.append(host)
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(web_tools, "_resolve", resolve)
+    url = f"http://wiki.invalid:{site.port}/plain"
+    refused = (await call(tools, "web_extract", {"urls": [url]}))["results"][0]
+    assert refused["error"] == (
+        f"refused: wiki.invalid resolves to 127.0.0.1, a loopback address; {HINT}"
+    )
+    assert connections == []
+    monkeypatch.setenv("HERMES_WEB_ALLOW_HOSTS", f"wiki.invalid:{site.port}")
+    page = (await call(tools, "web_extract", {"urls": [url]}))["results"][0]
+    assert page["content"].startswith("just some text")
+    assert page["final_url"] == url
+    assert lookups == ["wiki.invalid", "wiki.invalid"]  # once per connection, never again
+    assert connections == [f"127.0.0.1:{site.port}"]  # the address, not the name
+    assert site.requests[-1].headers["host"] == f"wiki.invalid:{site.port}"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+async def test_dns_rebinding_gets_no_second_answer(
+    tools: ToolRegistry, connections: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name server that answers public first and loopback next is asked only once."""
+    answers = iter([["93.184.215.14"], ["127.0.0.1"]])
+    lookups: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        lookups.append(host)
+        return next(answers)
+
+    monkeypatch.setattr(web_tools, "_resolve", resolve)
+    result = await call(tools, "web_extract", {"urls": ["http://rebind.invalid/"]})
+    assert result["results"][0]["error"] == (
+        "could not connect (test: only the local server is reachable)"
+    )
+    assert lookups == ["rebind.invalid"]
+    assert connections == ["93.184.215.14:80"]  # the checked address, not a new lookup
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+async def test_a_name_with_any_internal_address_is_refused(
+    tools: ToolRegistry, connections: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["93.184.215.14", "10.0.0.5"]
+
+    monkeypatch.setattr(web_tools, "_resolve", resolve)
+    result = await call(tools, "web_extract", {"urls": ["https://mixed.invalid/"]})
+    assert result["results"][0]["error"] == (
+        f"refused: mixed.invalid resolves to 10.0.0.5, a private address; {HINT}"
+    )
+    assert connections == []
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("guarded")
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "HERMES_WEB_ALLOW_PRIVATE",
+            "maybe",
+            "HERMES_WEB_ALLOW_PRIVATE must be 1 or 0, got 'maybe'",
+        ),
+        ("HERMES_WEB_ALLOW_HOSTS", "127.0.0.1", "host:port pairs, got '127.0.0.1'"),
+        ("HERMES_WEB_ALLOW_HOSTS", "a:1,b:http", "host:port pairs, got 'b:http'"),
+        ("HERMES_WEB_ALLOW_HOSTS", "http://h:80", "host:port pairs, got 'http://h:80'"),
+        ("HERMES_WEB_ALLOW_HOSTS", "h:80/path", "host:port pairs, got 'h:80/path'"),
+    ],
+)
+async def test_malformed_destination_settings_are_explained(
+    tools: ToolRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    value: str,
+    message: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    result = await call(tools, "web_extract", {"urls": ["http://example.org/"]})
+    assert message in result["error"]
+    assert defined(tools) == set()
+
+
+@pytest.mark.anyio
+async def test_provider_endpoints_are_not_checked(
+    tools: ToolRegistry, site: LocalHTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator sets them; a SearXNG or Firecrawl on loopback is reached as before."""
+    monkeypatch.setenv("SEARXNG_URL", site.url("/searxng"))
+    monkeypatch.setenv("FIRECRAWL_API_KEY", FIRECRAWL_KEY)
+    monkeypatch.setenv("FIRECRAWL_API_URL", site.url("/firecrawl"))
+    search = await call(tools, "web_search", {"query": "q", "limit": 1})
+    assert search["results"][0]["url"] == "https://example.org/searx/0"
+    extract = await call(tools, "web_extract", {"urls": ["https://example.org/a"]})
+    assert extract["results"][0]["title"] == "Scraped title"
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("127.255.0.9", "a loopback address"),
+        ("::1", "a loopback address"),
+        ("::ffff:127.0.0.1", "a loopback address"),
+        ("2002:7f00:1::", "a loopback address"),  # 6to4 around 127.0.0.1
+        ("0.0.0.0", "the unspecified address (this host)"),
+        ("::", "the unspecified address (this host)"),
+        ("169.254.169.254", "the cloud metadata address"),
+        ("::ffff:169.254.169.254", "the cloud metadata address"),
+        ("fd00:ec2::254", "the cloud metadata address"),
+        ("169.254.0.1", "a link-local address"),
+        ("fe80::1%eth0", "a link-local address"),
+        ("10.1.2.3", "a private address"),
+        ("172.31.255.255", "a private address"),
+        ("192.168.0.1", "a private address"),
+        ("fd12:3456::1", "a private address"),
+        ("64:ff9b::a00:1", "a private address"),  # NAT64 around 10.0.0.1
+        ("224.0.0.251", "a multicast address"),
+        ("ff05::2", "a multicast address"),
+        ("100.64.0.1", "a non-public address"),
+        ("not-an-address", "not an address that can be checked"),
+        ("93.184.215.14", None),
+        ("8.8.8.8", None),
+        ("2606:4700:4700::1111", None),
+        ("::ffff:8.8.8.8", None),
+        ("64:ff9b::808:808", None),
+    ],
+)
+def test_internal_address_kind(address: str, kind: str | None) -> None:
+    assert web_tools.internal_address_kind(address) == kind
+
+
+@pytest.mark.parametrize(
+    "address", ["192.0.2.1", "198.51.100.7", "240.0.0.1", "255.255.255.255", "2001:db8::1"]
+)
+def test_reserved_and_documentation_ranges_are_internal(address: str) -> None:
+    assert web_tools.internal_address_kind(address) is not None
+
+
 # -- web_extract through Firecrawl ---------------------------------------------------------
 
 
@@ -872,6 +1202,7 @@ async def test_direct_is_chosen_over_firecrawl_when_asked(
     monkeypatch.setenv("FIRECRAWL_API_KEY", FIRECRAWL_KEY)
     monkeypatch.setenv("FIRECRAWL_API_URL", site.url("/firecrawl"))
     monkeypatch.setenv("HERMES_WEB_EXTRACT", "direct")
+    monkeypatch.setenv("HERMES_WEB_ALLOW_PRIVATE", "1")
     result = await call(tools, "web_extract", {"urls": [site.url("/plain")]})
     assert result["provider"] == "direct"
 

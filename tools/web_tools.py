@@ -36,6 +36,28 @@ chosen when the key is set and HERMES_WEB_EXTRACT does not say ``direct``) posts
 and reads ``{"success", "data": {"markdown", "metadata": {"title", "sourceURL",
 "statusCode", "error"}}}``.
 
+Direct fetching refuses internal destinations, which a script steered by a hostile page
+could otherwise use to read services on this host or its network: loopback, private
+(10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16 with the cloud metadata
+address 169.254.169.254, fe80::/10), the unspecified address 0.0.0.0, multicast, shared
+(100.64/10), reserved and documentation ranges, and IPv4-mapped, 6to4 and NAT64 IPv6
+forms of them. The check sits in the connection layer (an httpcore network backend): each
+new connection resolves its host once, refuses it if any address is internal, and
+connects to the address it checked, so a name that resolves inward, a numeric spelling
+(2130706433, 0x7f.1, 127.1: read as the IPv4 address they stand for, as the C resolver
+would) and a DNS answer that changes between check and connect are all caught.
+Redirects are followed one hop at a time, each hop checked, and a refusal names the hop.
+A refused URL gets a per-URL error saying why. Two settings loosen it, for the operator:
+
+- HERMES_WEB_ALLOW_PRIVATE=1: no destination is refused.
+- HERMES_WEB_ALLOW_HOSTS: comma-separated ``host:port`` pairs let through exactly as the
+  URL names them (``127.0.0.1:8080``, ``[::1]:8080``, ``wiki.internal:443``); the port is
+  required, and another spelling of the same address is not let through.
+
+Provider endpoints (SEARXNG_URL, FIRECRAWL_API_URL, ...) are set by the operator and are
+not checked. Direct fetching connects by itself: HTTP(S)_PROXY and ALL_PROXY do not apply
+to it, since a proxy would resolve names where the check cannot see them.
+
 HERMES_WEB_TIMEOUT (seconds, default 30) bounds each provider call and each page fetch.
 
 Errors, all caught in the handlers and returned as ``{"error": ...}`` results::
@@ -45,16 +67,19 @@ Errors, all caught in the handlers and returned as ``{"error": ...}`` results::
      ├── ProviderError        a provider's HTTP error, non-JSON or ill-shaped answer,
      │                        or no answer at all
      └── PageError            one URL of web_extract could not be read (a per-URL error)
+          └── DestinationRefused   its host is an internal address (raised at connect)
 """
 
 from __future__ import annotations
 
 import html
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
 import re
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -67,6 +92,9 @@ import anyio.to_thread
 from tools.registry import registry, tool_error, tool_result
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import httpcore
     import httpx
 
 log = logging.getLogger(__name__)
@@ -134,6 +162,32 @@ class PageError(WebToolError):
     """One page of web_extract could not be read."""
 
 
+ALLOW_PRIVATE_HINT = (
+    "web_extract does not fetch loopback, private, link-local or other internal addresses "
+    "unless the host running the tools sets HERMES_WEB_ALLOW_PRIVATE=1"
+)
+
+
+class DestinationRefused(PageError):
+    """A connection for direct fetching would go to an internal address.
+
+    Raised by the guarded network backend, before any connection is made; it passes
+    through httpcore and httpx untouched, and DirectExtract.fetch words it for the model.
+    """
+
+    def __init__(self, host: str, address: str, kind: str) -> None:
+        self.host = host
+        self.address = address
+        self.kind = kind
+        super().__init__(f"refused: {self.reason}; {ALLOW_PRIVATE_HINT}")
+
+    @property
+    def reason(self) -> str:
+        if _is_literal(self.host):
+            return f"{self.host} is {self.kind}"
+        return f"{self.host} resolves to {self.address}, {self.kind}"
+
+
 # -- configuration ------------------------------------------------------------------------
 
 
@@ -172,7 +226,9 @@ def _missing_libraries_error() -> str | None:
 # -- talking to providers -----------------------------------------------------------------
 
 
-def _open_client(timeout: float) -> httpx.AsyncClient:
+def _open_client(
+    timeout: float, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
     import httpx
 
     return httpx.AsyncClient(
@@ -180,6 +236,7 @@ def _open_client(timeout: float) -> httpx.AsyncClient:
         max_redirects=MAX_REDIRECTS,
         timeout=httpx.Timeout(timeout),
         headers={"User-Agent": USER_AGENT},
+        transport=transport,
     )
 
 
@@ -723,11 +780,218 @@ def check_url(url: Any) -> str:
     return url.strip()
 
 
+# -- where direct fetching may connect ----------------------------------------------------
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+_METADATA_ADDRESSES = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def internal_address_kind(address: str) -> str | None:
+    """What makes ``address`` internal ("a loopback address", ...), or None if it is public.
+
+    An IPv6 address carrying an IPv4 one is judged by it: IPv4-mapped and NAT64 addresses
+    by it alone (the connection ends there), 6to4 ones by it and by themselves.
+    Anything that does not parse as an address is internal: the check fails closed.
+    """
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return "not an address that can be checked"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # the connection goes to the IPv4 address
+            return internal_address_kind(str(ip.ipv4_mapped))
+        if ip in _NAT64:  # a NAT64 gateway translates it to the IPv4 address
+            return internal_address_kind(str(ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)))
+        if ip.sixtofour is not None:  # 6to4: judged by both
+            kind = internal_address_kind(str(ip.sixtofour))
+            if kind is not None:
+                return kind
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_unspecified:
+        return "the unspecified address (this host)"
+    if ip in _METADATA_ADDRESSES:
+        return "the cloud metadata address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip.is_private:
+        return "a private address"
+    if ip.is_reserved:
+        return "a reserved address"
+    if not ip.is_global:
+        return "a non-public address"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationPolicy:
+    """Where direct fetching may connect: public addresses, plus what the operator allows."""
+
+    allow_private: bool = False
+    allowed_hosts: frozenset[tuple[str, int]] = frozenset()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DestinationPolicy:
+        """HERMES_WEB_ALLOW_PRIVATE and HERMES_WEB_ALLOW_HOSTS; NotConfiguredError if malformed."""
+        environ = os.environ if environ is None else environ
+        raw = _env(environ, "HERMES_WEB_ALLOW_PRIVATE").lower()
+        if raw not in _TRUE | _FALSE:
+            raise NotConfiguredError(f"HERMES_WEB_ALLOW_PRIVATE must be 1 or 0, got {raw!r}")
+        hosts = set()
+        for entry in _env(environ, "HERMES_WEB_ALLOW_HOSTS").split(","):
+            entry = entry.strip()
+            if not entry:
+                continue
+            parts = urlsplit(f"//{entry}")
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if not parts.hostname or port is None or parts.netloc != entry or "@" in entry:
+                raise NotConfiguredError(
+                    f"HERMES_WEB_ALLOW_HOSTS takes comma-separated host:port pairs, got {entry!r}"
+                )
+            hosts.add((parts.hostname, port))
+        return cls(raw in _TRUE, frozenset(hosts))
+
+    def allows(self, host: str, port: int) -> bool:
+        """Whether a connection to ``host`` (as the URL names it) skips the address check."""
+        return self.allow_private or (host.lower(), port) in self.allowed_hosts
+
+
+async def _resolve(host: str, port: int) -> list[str]:
+    """The addresses ``host`` stands for, in the resolver's order of preference.
+
+    An IP literal is itself; a numeric IPv4 spelling (2130706433, 0x7f.1, 127.1) is the
+    address inet_aton reads it as, which is what getaddrinfo would answer, without asking
+    any name server; anything else goes to getaddrinfo.
+    """
+    if _is_literal(host):
+        return [host]
+    try:
+        return [socket.inet_ntoa(socket.inet_aton(host))]
+    except OSError:
+        pass
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class _GuardedBackend:
+    """An httpcore network backend that connects only where the policy allows.
+
+    httpcore calls connect_tcp with the URL's host for every new connection (the first
+    hop, each redirect to a new origin, each reconnect). The host is resolved once, every
+    address checked, and the connection made to a checked address: there is no second
+    lookup for a rebinding name server to answer differently. TLS is started on the
+    returned stream by httpcore with the URL's host as server name (SNI and certificate
+    check), and httpx sends the URL's Host header, so connecting by address changes
+    neither.
+    """
+
+    def __init__(self, policy: DestinationPolicy) -> None:
+        import httpcore
+
+        self._policy = policy
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        import httpcore
+
+        try:
+            with anyio.fail_after(timeout):
+                addresses = await _resolve(host, port)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+        if not addresses:
+            raise httpcore.ConnectError(f"{host} resolves to no address")
+        if not self._policy.allows(host, port):
+            for address in addresses:
+                kind = internal_address_kind(address)
+                if kind is not None:
+                    raise DestinationRefused(host, address, kind)
+        failure: httpcore.ConnectError | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except httpcore.ConnectError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise NotImplementedError("direct fetching connects over TCP only")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def _guarded_transport(policy: DestinationPolicy) -> httpx.AsyncHTTPTransport:
+    """httpx's transport with its connection pool on the guarded backend.
+
+    httpx 0.28 has no parameter for an httpcore network backend (encode/httpx#3749 would
+    add one), so the pool is built here as httpx builds its default one, and put in the
+    transport's place for it. If a later httpx keeps its pool elsewhere this raises
+    rather than fetch unguarded.
+    """
+    import httpcore
+    import httpx
+
+    transport = httpx.AsyncHTTPTransport()
+    if not isinstance(getattr(transport, "_pool", None), httpcore.AsyncConnectionPool):
+        raise RuntimeError("this httpx keeps no connection pool in AsyncHTTPTransport._pool")
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=httpx.create_ssl_context(),
+        max_connections=100,  # httpx's default limits
+        max_keepalive_connections=20,
+        keepalive_expiry=5.0,
+        network_backend=_GuardedBackend(policy),  # type: ignore[arg-type]
+    )
+    return transport
+
+
 class ExtractProvider(ABC):
     """A way to read pages. ``fetch`` returns a Page or raises PageError (never another)."""
 
     name: ClassVar[str]
     required_env: ClassVar[tuple[str, ...]]
+
+    def open_client(self, timeout: float) -> httpx.AsyncClient:
+        """The client one web_extract call shares among its URLs."""
+        return _open_client(timeout)
 
     @abstractmethod
     async def fetch(self, client: httpx.AsyncClient, url: str, *, timeout: float) -> Page: ...
@@ -735,35 +999,61 @@ class ExtractProvider(ABC):
 
 @dataclass(frozen=True, slots=True)
 class DirectExtract(ExtractProvider):
-    """Fetch pages over HTTP(S) from this host and convert HTML to markdown here."""
+    """Fetch pages over HTTP(S) from this host and convert HTML to markdown here.
 
+    Connections go through the guarded backend, which refuses what ``policy`` does not
+    allow; redirects are followed here, one hop at a time, so a refusal can name its hop.
+    """
+
+    policy: DestinationPolicy = DestinationPolicy()
     name: ClassVar[str] = "direct"
     required_env: ClassVar[tuple[str, ...]] = ("HERMES_WEB_EXTRACT",)
+
+    def open_client(self, timeout: float) -> httpx.AsyncClient:
+        return _open_client(timeout, transport=_guarded_transport(self.policy))
 
     async def fetch(self, client: httpx.AsyncClient, url: str, *, timeout: float) -> Page:
         import httpx
 
+        request = client.build_request(
+            "GET",
+            url,
+            headers={"Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"},
+        )
+        hop = 0
         try:
             with anyio.fail_after(timeout):
-                async with client.stream(
-                    "GET",
-                    url,
-                    headers={
-                        "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"
-                    },
-                ) as response:
-                    if response.status_code >= 400:
-                        reason = response.reason_phrase or ""
-                        raise PageError(f"HTTP {response.status_code} {reason}".strip())
-                    content_type = response.headers.get("content-type", "")
-                    media_type = _media_type(content_type)
-                    if _classify(media_type, b"") == "binary" and media_type:
-                        raise PageError(
-                            f"binary content ({media_type}); web_extract reads HTML and text"
-                        )
-                    data, capped = await _read_capped(response, MAX_RESPONSE_BYTES)
-                    charset = response.charset_encoding
-                    final_url = str(response.url)
+                while True:
+                    response = await client.send(request, stream=True, follow_redirects=False)
+                    try:
+                        if response.next_request is not None:
+                            if hop == MAX_REDIRECTS:
+                                raise PageError(f"too many redirects (more than {MAX_REDIRECTS})")
+                            request = response.next_request
+                            hop += 1
+                            continue
+                        if response.status_code >= 400:
+                            reason = response.reason_phrase or ""
+                            raise PageError(f"HTTP {response.status_code} {reason}".strip())
+                        content_type = response.headers.get("content-type", "")
+                        media_type = _media_type(content_type)
+                        if _classify(media_type, b"") == "binary" and media_type:
+                            raise PageError(
+                                f"binary content ({media_type}); web_extract reads HTML and text"
+                            )
+                        data, capped = await _read_capped(response, MAX_RESPONSE_BYTES)
+                        charset = response.charset_encoding
+                        final_url = str(response.url)
+                        break
+                    finally:
+                        await response.aclose()
+        except DestinationRefused as exc:
+            if hop == 0:
+                raise
+            target = _without_userinfo(str(request.url))
+            raise PageError(
+                f"refused: the page redirected to {target}, and {exc.reason}; {ALLOW_PRIVATE_HINT}"
+            ) from None
         except httpx.HTTPError as exc:
             raise PageError(_describe_transport_error(exc, timeout)) from exc
         except TimeoutError:
@@ -845,13 +1135,13 @@ def extract_provider_from_env(environ: Mapping[str, str] | None = None) -> Extra
     """The provider web_extract uses. Raises NotConfiguredError saying what to set.
 
     HERMES_WEB_EXTRACT=direct or =firecrawl chooses; unset, FIRECRAWL_API_KEY means
-    Firecrawl.
+    Firecrawl. Direct fetching reads its DestinationPolicy here too.
     """
     environ = os.environ if environ is None else environ
     wanted = _env(environ, "HERMES_WEB_EXTRACT").lower()
     key = _env(environ, "FIRECRAWL_API_KEY")
     if wanted == "direct":
-        return DirectExtract()
+        return DirectExtract(DestinationPolicy.from_env(environ))
     if wanted in ("firecrawl", "") and key:
         base = _env(environ, "FIRECRAWL_API_URL")
         return FirecrawlExtract(key, base) if base else FirecrawlExtract(key)
@@ -956,7 +1246,7 @@ async def web_extract(args: dict[str, Any]) -> str:
     async def run(client: httpx.AsyncClient, index: int, url: Any) -> None:
         results[index] = await _extract_one(provider, client, url, char_limit, timeout)
 
-    async with _open_client(timeout) as client, anyio.create_task_group() as group:
+    async with provider.open_client(timeout) as client, anyio.create_task_group() as group:
         for index, url in enumerate(urls):
             group.start_soon(run, client, index, url)
     return tool_result(provider=provider.name, results=results)
