@@ -7,8 +7,8 @@ travel, as frames of the usual kind (docs/protocol.md, "Stream relay"):
 - the script's stdout and stderr, which :class:`RelaySession` exposes as byte streams;
 - its exit status (:meth:`RelaySession.wait`), and our request to kill it;
 - the bytes of every RPC connection the script opens to the relay's socket inside the
-  sandbox: each becomes a virtual byte stream that :meth:`RPCServer.serve` serves
-  exactly like a socket on the host.
+  sandbox, each served by the same :class:`RPCServer` as a socket on the host would be,
+  quick answers straight from the demultiplexer.
 
 So any backend that can attach to a process's stdin and stdout gets full-speed RPC,
 the output caps and the timeout, with one round trip per call.
@@ -22,10 +22,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from rpc.errors import ConnectionClosed, FrameError, RPCError
-from rpc.framing import DEFAULT_MAX_FRAME_SIZE, encode_frame, iter_messages
+from rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame, iter_messages
 from rpc.server import RPCServer
 
 _OUTPUT_BUFFER = 64  # chunks of script output held before the relay is made to wait
@@ -55,50 +55,62 @@ class _ChannelWriter:
                 raise anyio.BrokenResourceError from None
 
 
-class _RelayedConnection(anyio.abc.ByteStream):
-    """One RPC connection of the script, as a byte stream on the host."""
+class _RelayedConnection:
+    """One RPC connection of the script, served as its bytes arrive on the channel.
 
-    def __init__(self, conn_id: int, writer: _ChannelWriter) -> None:
+    Frames are decoded as they come; a request that can be answered at once is
+    answered from the demultiplexer, the others each in a task (as
+    :class:`rpc.server.RPCProtocol` does for a socket on the host).
+    """
+
+    def __init__(
+        self, conn_id: int, server: RPCServer, writer: _ChannelWriter, tasks: anyio.abc.TaskGroup
+    ) -> None:
         self.conn_id = conn_id
+        self._server = server
         self._writer = writer
-        self._incoming: MemoryObjectSendStream[bytes]
-        self._received: MemoryObjectReceiveStream[bytes]
-        self._incoming, self._received = anyio.create_memory_object_stream[bytes](256)
-        self._closed = False
+        self._tasks = tasks
+        self._decoder = FrameDecoder(server.max_frame_size)
+        self.closed = False
 
-    def feed(self, data: bytes) -> None:
+    async def _send(self, reply: dict[str, Any]) -> None:
+        if self.closed:
+            return
         try:
-            self._incoming.send_nowait(data)
-        except anyio.WouldBlock:
-            # The script sends faster than the server reads: drop the connection
-            # rather than buffer without bound.
-            self.end()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            await self._writer.send(
+                {"op": "rpc", "conn": self.conn_id, "data": encode_frame(reply)}
+            )
+        except anyio.BrokenResourceError:
             pass
 
-    def end(self) -> None:
-        self._incoming.close()
+    async def _answer_later(self, message: dict[str, Any]) -> None:
+        await self._send(await self._server.reply_later(message))
 
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._received.receive()
-        except anyio.EndOfStream:
-            raise anyio.EndOfStream from None
-
-    async def send(self, item: bytes) -> None:
-        if self._closed:
-            raise anyio.ClosedResourceError
-        await self._writer.send({"op": "rpc", "conn": self.conn_id, "data": bytes(item)})
-
-    async def send_eof(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        if self._closed:
+    async def feed(self, data: bytes) -> None:
+        if self.closed:
             return
-        self._closed = True
-        self._incoming.close()
-        self._received.close()
+        try:
+            for message in self._decoder.feed(data):
+                reply = self._server.reply_now(message)
+                if reply is not None:
+                    await self._send(reply)
+                else:
+                    self._tasks.start_soon(self._answer_later, message)
+        except FrameError as exc:
+            await self._send(self._server.framing_refusal(exc))
+            await self.close()
+
+    def forget(self) -> None:
+        """The connection is over (closed by the script, or the run ended)."""
+        if not self.closed:
+            self.closed = True
+            self._server.connections -= 1
+
+    async def close(self) -> None:
+        """Close from the host's side, and tell the relay."""
+        if self.closed:
+            return
+        self.forget()
         try:
             await self._writer.send({"op": "close", "conn": self.conn_id})
         except anyio.BrokenResourceError:
@@ -239,7 +251,8 @@ class RelaySession:
         for sink in self._sinks.values():
             sink.close()
         for connection in self._connections.values():
-            connection.end()
+            connection.forget()
+        self._connections.clear()
 
     async def _demultiplex(self) -> None:
         assert self._tasks is not None
@@ -256,16 +269,13 @@ class RelaySession:
                 elif op == "rpc":
                     connection = self._connections.get(message.get("conn", -1))
                     if connection is not None:
-                        connection.feed(message.get("data") or b"")
+                        await connection.feed(message.get("data") or b"")
                 elif op == "open":
-                    conn_id = int(message["conn"])
-                    connection = _RelayedConnection(conn_id, self._writer)
-                    self._connections[conn_id] = connection
-                    self._tasks.start_soon(self._serve_connection, connection)
+                    await self._open(int(message["conn"]))
                 elif op == "close":
-                    connection = self._connections.get(message.get("conn", -1))
+                    connection = self._connections.pop(message.get("conn", -1), None)
                     if connection is not None:
-                        connection.end()
+                        connection.forget()
                 elif op == "started":
                     self.pid = int(message.get("pid", 0)) or None
                     self._started.set()
@@ -278,8 +288,18 @@ class RelaySession:
         finally:
             self._mark_exit(-9, "the relay went away before the script's exit")
 
-    async def _serve_connection(self, connection: _RelayedConnection) -> None:
-        try:
-            await self._server.serve(connection)
-        finally:
-            self._connections.pop(connection.conn_id, None)
+    async def _open(self, conn_id: int) -> None:
+        assert self._tasks is not None
+        if not self._server.admit_connection():
+            await self._writer.send(
+                {
+                    "op": "rpc",
+                    "conn": conn_id,
+                    "data": encode_frame(self._server.TOO_MANY_CONNECTIONS),
+                }
+            )
+            await self._writer.send({"op": "close", "conn": conn_id})
+            return
+        self._connections[conn_id] = _RelayedConnection(
+            conn_id, self._server, self._writer, self._tasks
+        )
