@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tools.handler_args import int_arg
 from tools.path_policy import PathRefused, resolve_for_read, resolve_for_write
 from tools.registry import ToolContext, registry, tool_error, tool_result
 
@@ -75,25 +76,13 @@ _SPECIAL_KINDS = {
 }
 
 
-def _int_arg(args: dict[str, Any], name: str, default: int) -> int:
-    value = args.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    number = int(value)
-    if number < 1:
-        raise ValueError(f"{name} must be at least 1, got {number}")
-    return number
-
-
 async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
     path = args.get("path")
     if not isinstance(path, str) or not path:
         return tool_error("read_file needs a path (a non-empty string)")
     try:
-        offset = _int_arg(args, "offset", 1)
-        limit = _int_arg(args, "limit", DEFAULT_LIMIT)
+        offset = int_arg(args, "offset", 1, low=1)
+        limit = int_arg(args, "limit", DEFAULT_LIMIT, low=1)
     except ValueError as exc:
         return tool_error(str(exc))
     env = ctx.environment

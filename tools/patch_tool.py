@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from environments.base import Environment
+from tools.handler_args import bool_arg
 from tools.path_policy import PathRefused, ResolvedPath, resolve_for_write
 from tools.registry import ToolContext, registry, tool_error, tool_result
 
@@ -295,7 +296,10 @@ async def _replace(args: dict[str, Any], ctx: ToolContext) -> str:
         raise PatchError("replace mode needs new_string as a string ('' deletes old_string)")
     if old == new:
         raise PatchError("old_string and new_string are identical; nothing to change")
-    replace_all = _bool_arg(args, "replace_all")
+    try:
+        replace_all = bool_arg(args, "replace_all")
+    except ValueError as exc:
+        raise PatchError(str(exc)) from None
     resolved = await _resolve(ctx, path)
     text = _decode(await _load(ctx.environment, path, resolved))
 
@@ -325,17 +329,6 @@ async def _replace(args: dict[str, Any], ctx: ToolContext) -> str:
     return tool_result(
         status="ok", path=resolved.path, replacements=len(positions), diff=_cap_diff(diff)
     )
-
-
-def _bool_arg(args: dict[str, Any], name: str) -> bool:
-    value = args.get(name)
-    if value is None:
-        return False
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise PatchError(f"{name} must be true or false, got {value!r}")
 
 
 # -- patch mode: parsing --------------------------------------------------------------

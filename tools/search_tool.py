@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 from environments.base import Environment
+from tools.handler_args import bool_arg, int_arg
 from tools.path_policy import PathRefused, resolve_for_read
 from tools.registry import ToolContext, registry, tool_error, tool_result
 
@@ -492,33 +493,6 @@ def compile_pattern(pattern: str, case_insensitive: bool = False) -> re.Pattern[
         raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
 
 
-def _int_arg(args: dict[str, Any], name: str, default: int, low: int, high: int | None) -> int:
-    value = args.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if number < low or (high is not None and number > high):
-        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValueError(f"{name} must be {bounds}, got {number}")
-    return number
-
-
-def _bool_arg(args: dict[str, Any], name: str) -> bool:
-    value = args.get(name)
-    if value is None:
-        return False
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
 def _choice(args: dict[str, Any], name: str, choices: tuple[str, ...]) -> str:
     value = args.get(name)
     if value is None:
@@ -542,7 +516,7 @@ def _parameters(args: dict[str, Any]) -> dict[str, Any]:
     file_glob = args.get("file_glob") or None
     if file_glob is not None and not isinstance(file_glob, str):
         raise ValueError(f"file_glob must be a string, got {file_glob!r}")
-    case_insensitive = _bool_arg(args, "case_insensitive")
+    case_insensitive = bool_arg(args, "case_insensitive")
     if target == "content":
         compile_pattern(pattern, case_insensitive)
     return {
@@ -551,10 +525,10 @@ def _parameters(args: dict[str, Any]) -> dict[str, Any]:
         "path": path,
         "file_glob": file_glob,
         "output_mode": _choice(args, "output_mode", ("content", "files_with_matches", "count")),
-        "context": _int_arg(args, "context", 0, 0, MAX_CONTEXT),
+        "context": int_arg(args, "context", 0, low=0, high=MAX_CONTEXT),
         "case_insensitive": case_insensitive,
-        "limit": _int_arg(args, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
-        "offset": _int_arg(args, "offset", 0, 0, None),
+        "limit": int_arg(args, "limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT),
+        "offset": int_arg(args, "offset", 0, low=0),
     }
 
 
