@@ -1,16 +1,18 @@
 """Argument coercion and validation (tools.arguments): the rules one by one, the problem
-messages, and the fast checker agreeing with jsonschema on generated instances."""
+messages, and the fast path (fastjsonschema) agreeing with jsonschema on generated instances."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.arguments import SchemaUnsupported, ToolArguments, compile_check
+from tools.arguments import ToolArguments, fast_validator
 
 READ_FILE = {
     "type": "object",
@@ -176,6 +178,19 @@ def test_null_for_an_optional_field_means_not_given():
     ]
 
 
+def test_any_of_branches_that_refer_elsewhere_are_fitted_exactly():
+    args = ToolArguments(
+        {
+            "type": "object",
+            "$defs": {"n": {"type": "integer"}},
+            "properties": {"x": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "boolean"}]}},
+        }
+    )
+    assert args.coerce({"x": "5"}) == {"x": 5}
+    assert args.coerce({"x": "true"}) == {"x": True}
+    assert args.coerce({"x": 5}) == {"x": 5}
+
+
 def test_coercion_returns_the_same_object_when_nothing_changes():
     args = ToolArguments(READ_FILE)
     given_args = {"path": "a", "offset": 2}
@@ -283,15 +298,72 @@ def test_schemas_beyond_the_fast_subset_use_jsonschema():
         "patternProperties": {"^n_": {"type": "integer"}},
         "additionalProperties": False,
     }
-    with pytest.raises(SchemaUnsupported):
-        compile_check(schema)
     args = ToolArguments(schema)
     assert args.problems({"n_a": 1}) == []
     assert args.problems({"n_a": "x"}) != []
     assert args.problems({"other": 1}) != []
 
 
-# ------------------------------------------------- the fast checker equals jsonschema
+def test_validation_fills_in_no_defaults_and_checks_no_formats():
+    args = ToolArguments(READ_FILE)
+    given_args = {"path": "a"}
+    assert args.prepare(given_args) == ({"path": "a"}, [])
+    assert given_args == {"path": "a"}
+    email = {"type": "object", "properties": {"to": {"type": "string", "format": "email"}}}
+    assert messages(email, {"to": "not an address"}) == []
+
+
+# Schemas that fastjsonschema (draft 7) reads differently from jsonschema's Draft 2020-12, each
+# with a value the two judge differently.
+READ_DIFFERENTLY = [
+    ({"type": "array", "prefixItems": [{"type": "integer"}]}, ["x"]),
+    ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "minimum": 3}, 1),
+    ({"type": "number", "multipleOf": 0.01}, 19.01),
+    ({"type": "object", "dependentRequired": {"a": ["b"]}}, {"a": 1}),
+    ({"properties": {"a": {}}, "unevaluatedProperties": False}, {"a": 1, "b": 2}),
+    ({"type": "array", "contains": {"type": "integer"}, "minContains": 2}, [1, "a"]),
+    ({"type": "string", "contentEncoding": "base64"}, "not base64!"),
+    ({"type": "object", "dependencies": {"a": ["b"]}}, {"a": 1}),
+    ({"type": "object", "properties": {"n": {"anyOf": [{"prefixItems": [False]}]}}}, {"n": [1]}),
+]
+
+
+def fastjsonschema_alone(schema: Any, value: Any) -> bool:
+    try:
+        fastjsonschema.compile(schema, use_default=False, use_formats=False)(value)
+    except fastjsonschema.JsonSchemaValueException:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("schema", "value"), READ_DIFFERENTLY, ids=range(len(READ_DIFFERENTLY)))
+def test_what_draft_7_reads_differently_is_left_to_jsonschema(schema, value):
+    valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+    assert fastjsonschema_alone(schema, value) != valid
+    assert fast_validator(schema) is None
+    args = ToolArguments(schema)
+    assert args.is_valid(value) == valid
+    assert (args.problems(value) == []) == valid
+
+
+def test_the_fast_path_takes_only_drafts_it_reads_alike():
+    draft = "http://json-schema.org/draft-{}/schema#"
+    assert fast_validator({"$schema": draft.format("07"), "type": "integer"}) is not None
+    assert fast_validator({"$schema": draft.format("04"), "type": "integer"}) is None
+    assert fast_validator({"$schema": draft.format("03"), "type": "integer"}) is None
+
+
+def test_where_the_fast_path_is_stricter_jsonschema_has_the_last_word():
+    schema = {"type": "string", "pattern": "^[a-z]+$"}
+    fast = fast_validator(schema)
+    assert fast is not None
+    assert not fast("abc\n")  # fastjsonschema's "$" does not match before a final newline
+    args = ToolArguments(schema)
+    assert args.is_valid("abc\n")
+    assert args.problems("abc\n") == []
+
+
+# --------------------------------------------------- the fast path equals jsonschema
 
 json_values = st.recursive(
     st.none()
@@ -313,17 +385,36 @@ FAST_SCHEMAS = [
     {"type": "number", "exclusiveMinimum": -1, "exclusiveMaximum": 1},
     {"enum": [1, True, "a", None, [1], {"a": 1}]},
     {"const": 1},
+    {"const": [1, {"a": True}]},
     {"type": "string", "minLength": 1, "maxLength": 3, "pattern": "^[a-z]"},
     {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+    {"type": "array", "uniqueItems": True},
+    {"type": "array", "contains": {"type": "boolean"}},
     {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "string"}}]},
     {"oneOf": [{"type": "number"}, {"type": "integer"}]},
     {"allOf": [{"type": "object"}, {"required": ["a"]}], "not": {"required": ["b"]}},
+    {"if": {"type": "integer"}, "then": {"minimum": 0}, "else": {"type": "string"}},
     {
         "type": "object",
         "properties": {"a": {"type": "object", "properties": {"b": {"type": "boolean"}}}},
         "additionalProperties": {"type": "integer"},
         "minProperties": 1,
         "maxProperties": 3,
+    },
+    {
+        "type": "object",
+        "patternProperties": {"^[ab]$": {"type": "integer"}},
+        "propertyNames": {"pattern": "^[a-c]"},
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "$defs": {"n": {"type": "integer", "minimum": 0}},
+        "properties": {
+            "a": {"$ref": "#/$defs/n", "description": "annotations beside a $ref are fine"},
+            "b": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+            "c": {"$ref": "#"},
+        },
     },
     {"items": False},
     True,
@@ -332,9 +423,18 @@ FAST_SCHEMAS = [
 ]
 
 
-@pytest.mark.parametrize("schema", FAST_SCHEMAS, ids=range(len(FAST_SCHEMAS)))
+@functools.cache
+def compiled(index: int) -> tuple[Any, ToolArguments, Any]:
+    """The fast path alone, the whole argument handling, and jsonschema, for one schema."""
+    schema = FAST_SCHEMAS[index]
+    return fast_validator(schema), ToolArguments(schema), jsonschema.Draft202012Validator(schema)
+
+
+@pytest.mark.parametrize("index", range(len(FAST_SCHEMAS)))
 @settings(max_examples=300, deadline=None)
 @given(value=json_values)
-def test_fast_checker_agrees_with_jsonschema(schema, value):
-    fast = compile_check(schema)
-    assert fast(value) == jsonschema.Draft202012Validator(schema).is_valid(value)
+def test_fast_path_agrees_with_jsonschema(index, value):
+    fast, args, reference = compiled(index)
+    assert fast is not None
+    assert fast(value) == reference.is_valid(value)
+    assert args.is_valid(value) == reference.is_valid(value)

@@ -7,13 +7,13 @@ tool's ``parameters`` schema once and then, per call:
 
 1. coerces each value toward its schema (see :meth:`ToolArguments.coerce` for the rules),
    keeping the original wherever no conversion fits;
-2. validates the result. JSON Schema validation is the ``jsonschema`` library's; because
-   it costs ~20 µs a call and ~80 ms to import, a schema made only of the common keywords
-   is also compiled into a small checker that decides the valid case in a few
-   microseconds. ``jsonschema`` is imported and consulted when that checker says no (to
-   word the problems) or when the schema uses anything else. The two agree on every
-   instance for the keywords the checker accepts (tests/test_arguments.py checks this
-   with generated instances).
+2. validates the result. The ``jsonschema`` library (Draft 2020-12 unless the schema's
+   ``$schema`` names another draft) is the reference: it checks the schema when the tool
+   is registered and words every problem. Because it costs 20-60 µs a call, the schema is
+   also compiled by ``fastjsonschema`` into Python code that decides the valid case in a
+   few microseconds; jsonschema is consulted only when that code says no. Where
+   fastjsonschema (which reads schemas as draft 7) would judge differently, see
+   :func:`fast_validator`, jsonschema alone decides.
 
 Problems come back as :class:`Problem` values naming the field by its path
 (``args.limit``) and what was expected (``expected integer, got 'abc'``).
@@ -22,6 +22,7 @@ Problems come back as :class:`Problem` values naming the field by its path
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import math
 import re
@@ -38,27 +39,11 @@ _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _NULL_TEXT = frozenset({"null", "none"})
 
-_TYPE_NAMES = ("null", "boolean", "integer", "number", "string", "array", "object")
+Check = Callable[[Any], bool]
 
-# Keywords the fast checker implements exactly as jsonschema's Draft 2020-12 validator
-# does, and keywords that assert nothing. Any other keyword sends the schema to jsonschema.
-_ANNOTATIONS = frozenset(
-    {
-        "title",
-        "description",
-        "default",
-        "examples",
-        "$comment",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "format",  # an annotation unless a format checker is asked for; none is
-        "contentMediaType",
-        "contentEncoding",
-        "$defs",
-        "definitions",
-    }
-)
+
+def _always(_: Any) -> bool:
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,32 +57,7 @@ class Problem:
         return f"{self.path}: {self.message}"
 
 
-class SchemaUnsupported(Exception):
-    """Raised while compiling the fast checker: this schema needs jsonschema."""
-
-
 # --------------------------------------------------------------------------- types
-
-
-def _is_type(value: Any, name: str) -> bool:
-    """jsonschema's Draft 2020-12 type semantics (bool is not a number; 1.0 is an integer)."""
-    if name == "string":
-        return isinstance(value, str)
-    if name == "object":
-        return isinstance(value, dict)
-    if name == "array":
-        return isinstance(value, list)
-    if name == "integer":
-        if isinstance(value, bool):
-            return False
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if name == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if name == "boolean":
-        return isinstance(value, bool)
-    if name == "null":
-        return value is None
-    return False
 
 
 def _is_integer(value: Any) -> bool:
@@ -204,254 +164,151 @@ def _accepts_text(schema: Any) -> bool:
     return "string" in types
 
 
-# ---------------------------------------------------------------------- fast checker
+# ------------------------------------------------------------------ the fast path
 
-Check = Callable[[Any], bool]
+# Keywords that fastjsonschema reads differently from jsonschema's Draft 2020-12 reading,
+# or does not know (so ignores): a schema using one anywhere is left to jsonschema.
+_READ_DIFFERENTLY = frozenset(
+    {
+        # later drafts' keywords, unknown to draft 7
+        "prefixItems",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "minContains",
+        "maxContains",
+        "$anchor",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$recursiveRef",
+        "$recursiveAnchor",
+        "$vocabulary",
+        # draft 7's, dropped or made annotations since (fastjsonschema decodes content*)
+        "additionalItems",
+        "dependencies",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+        # another base URI for $ref (and remote documents fastjsonschema would fetch)
+        "$id",
+        "id",
+        # fastjsonschema divides in Decimal, jsonschema in float: 19.01 / 0.01 differ
+        "multipleOf",
+    }
+)
+# What may stand beside a "$ref": draft 7 ignores its siblings, 2020-12 applies them.
+_BESIDE_REF = frozenset(
+    {
+        "$ref",
+        "$defs",
+        "definitions",
+        "$schema",
+        "$comment",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+# "$schema" values under which fastjsonschema reads a schema as jsonschema does (up to the
+# keywords above); any other draft is left to jsonschema.
+_SAME_DRAFT = frozenset(
+    {
+        "http://json-schema.org/draft-06/schema",
+        "http://json-schema.org/draft-07/schema",
+        "https://json-schema.org/draft/2019-09/schema",
+        "https://json-schema.org/draft/2020-12/schema",
+    }
+)
+# Where subschemas sit: one schema, a list of them, a mapping of names to them.
+_SUBSCHEMA = (
+    "items",
+    "additionalProperties",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+# References the walk below also covers: the whole schema, or a schema kept for reference.
+_WALKED_REFS = ("#/$defs/", "#/definitions/")
 
 
-def _always(_: Any) -> bool:
-    return True
+def _read_alike(schema: Any, *, refs: bool) -> bool:
+    """Whether fastjsonschema decides validity under ``schema`` as jsonschema does.
 
-
-def _never(_: Any) -> bool:
-    return False
-
-
-_number = _is_number
-
-
-def _all(checks: list[Check]) -> Check:
-    if not checks:
-        return _always
-    if len(checks) == 1:
-        return checks[0]
-    if len(checks) == 2:
-        first, second = checks
-        return lambda value: first(value) and second(value)
-
-    def every(value: Any) -> bool:
-        for check in checks:  # noqa: SIM110 - a plain loop: this runs on every call
-            if not check(value):
-                return False
-        return True
-
-    return every
-
-
-def compile_check(schema: Any) -> Check:
-    """A predicate deciding whether an instance is valid under ``schema``.
-
-    Raises :class:`SchemaUnsupported` when the schema uses a keyword (or a keyword value)
-    outside the subset implemented here; the caller then uses jsonschema.
+    ``refs=False`` refuses any ``$ref``: a subschema compiled on its own cannot resolve a
+    reference into the document around it.
     """
-    if schema is True:
-        return _always
-    if schema is False:
-        return _never
     if not isinstance(schema, Mapping):
-        raise SchemaUnsupported(f"a schema must be an object or a boolean, not {schema!r}")
-    if "$schema" in schema or "$ref" in schema or "$id" in schema:
-        raise SchemaUnsupported("$schema/$ref/$id")
-    checks: list[Check] = []
-    for key, value in schema.items():
-        if key in _ANNOTATIONS:
-            continue
-        build = _KEYWORDS.get(key)
-        if build is None:
-            raise SchemaUnsupported(f"keyword {key!r}")
-        checks.append(build(value, schema))
-    return _all(checks)
+        return True
+    if not _READ_DIFFERENTLY.isdisjoint(schema):
+        return False
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not refs or not isinstance(ref, str):
+            return False
+        if ref != "#" and not ref.startswith(_WALKED_REFS):
+            return False
+        if not _BESIDE_REF.issuperset(schema):
+            return False
+    if isinstance(schema.get("items"), list):
+        return False
+    subschemas: list[Any] = [schema[key] for key in _SUBSCHEMA if key in schema]
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            subschemas.extend(schema[key])
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), Mapping):
+            subschemas.extend(schema[key].values())
+    return all(_read_alike(sub, refs=refs) for sub in subschemas)
 
 
-def _kw_type(value: Any, schema: Mapping[str, Any]) -> Check:
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list) or not names or not all(n in _TYPE_NAMES for n in names):
-        raise SchemaUnsupported(f"type {value!r}")
-    if len(set(names)) != len(names):
-        raise SchemaUnsupported("repeated type names")
-    return _type_test(names)
+def fast_validator(schema: Any, *, refs: bool = True) -> Check | None:
+    """fastjsonschema's compiled check of ``schema``, or None where jsonschema must decide.
 
+    None when the schema names a draft other than 6, 7, 2019-09 or 2020-12, uses a keyword
+    that draft 7 reads differently (:data:`_READ_DIFFERENTLY`, or a ``$ref`` with validating
+    siblings or to anywhere but ``#``, ``#/$defs/...`` and ``#/definitions/...``), or does
+    not compile. Defaults are not filled in and formats are not checked, as in jsonschema.
+    The check then answers as jsonschema would (tests/test_arguments.py checks this with
+    generated instances) but in two corners: a ``$`` in a pattern does not match before a
+    final newline (stricter, so jsonschema has the last word), and a tuple passes as an
+    array, which only a Python caller can send (JSON and msgpack arrays decode to lists).
+    The check never raises.
+    """
+    if isinstance(schema, Mapping) and "$schema" in schema:
+        named = schema["$schema"]
+        if not isinstance(named, str) or named.rstrip("#") not in _SAME_DRAFT:
+            return None
+    if not _read_alike(schema, refs=refs):
+        return None
+    import fastjsonschema
 
-def _kw_enum(value: Any, schema: Mapping[str, Any]) -> Check:
-    if not isinstance(value, list):
-        raise SchemaUnsupported("enum must be an array")
-    members = list(value)
-    return lambda v: any(_json_equal(m, v) for m in members)
-
-
-def _kw_const(value: Any, schema: Mapping[str, Any]) -> Check:
-    return lambda v: _json_equal(value, v)
-
-
-def _numeric_bound(value: Any) -> float:
-    if not _number(value):
-        raise SchemaUnsupported(f"a numeric bound must be a number, not {value!r}")
-    return value  # type: ignore[no-any-return]
-
-
-def _kw_minimum(value: Any, schema: Mapping[str, Any]) -> Check:
-    bound = _numeric_bound(value)
-    return lambda v: not isinstance(v, _NUMERIC) or isinstance(v, bool) or not v < bound
-
-
-def _kw_maximum(value: Any, schema: Mapping[str, Any]) -> Check:
-    bound = _numeric_bound(value)
-    return lambda v: not isinstance(v, _NUMERIC) or isinstance(v, bool) or not v > bound
-
-
-def _kw_exclusive_minimum(value: Any, schema: Mapping[str, Any]) -> Check:
-    bound = _numeric_bound(value)
-    return lambda v: not isinstance(v, _NUMERIC) or isinstance(v, bool) or not v <= bound
-
-
-def _kw_exclusive_maximum(value: Any, schema: Mapping[str, Any]) -> Check:
-    bound = _numeric_bound(value)
-    return lambda v: not isinstance(v, _NUMERIC) or isinstance(v, bool) or not v >= bound
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SchemaUnsupported(f"a length bound must be a non-negative integer, not {value!r}")
-    return value
-
-
-def _kw_min_length(value: Any, schema: Mapping[str, Any]) -> Check:
-    n = _count(value)
-    return lambda v: not isinstance(v, str) or len(v) >= n
-
-
-def _kw_max_length(value: Any, schema: Mapping[str, Any]) -> Check:
-    n = _count(value)
-    return lambda v: not isinstance(v, str) or len(v) <= n
-
-
-def _kw_pattern(value: Any, schema: Mapping[str, Any]) -> Check:
-    if not isinstance(value, str):
-        raise SchemaUnsupported("pattern must be a string")
     try:
-        compiled = re.compile(value)
-    except re.error as exc:
-        raise SchemaUnsupported(f"pattern {value!r}: {exc}") from exc
-    return lambda v: not isinstance(v, str) or compiled.search(v) is not None
+        validate = fastjsonschema.compile(
+            copy.deepcopy(schema),  # fastjsonschema rewrites "$ref" values in place
+            use_default=False,
+            use_formats=False,
+        )
+    except Exception:  # a schema fastjsonschema cannot compile is jsonschema's alone
+        return None
 
-
-def _kw_min_items(value: Any, schema: Mapping[str, Any]) -> Check:
-    n = _count(value)
-    return lambda v: not isinstance(v, list) or len(v) >= n
-
-
-def _kw_max_items(value: Any, schema: Mapping[str, Any]) -> Check:
-    n = _count(value)
-    return lambda v: not isinstance(v, list) or len(v) <= n
-
-
-def _kw_min_properties(value: Any, schema: Mapping[str, Any]) -> Check:
-    n = _count(value)
-    return lambda v: not isinstance(v, dict) or len(v) >= n
-
-
-def _kw_max_properties(value: Any, schema: Mapping[str, Any]) -> Check:
-    n = _count(value)
-    return lambda v: not isinstance(v, dict) or len(v) <= n
-
-
-def _kw_items(value: Any, schema: Mapping[str, Any]) -> Check:
-    if not isinstance(value, Mapping | bool):
-        raise SchemaUnsupported("items must be a schema")
-    item = compile_check(value)
-    return lambda v: not isinstance(v, list) or all(item(x) for x in v)
-
-
-def _kw_properties(value: Any, schema: Mapping[str, Any]) -> Check:
-    if not isinstance(value, Mapping):
-        raise SchemaUnsupported("properties must be an object")
-    props = {name: compile_check(sub) for name, sub in value.items()}
-
-    def check(v: Any) -> bool:
-        if not isinstance(v, dict):
-            return True
-        for name, item in v.items():
-            sub = props.get(name)
-            if sub is not None and not sub(item):
-                return False
+    def check(value: Any) -> bool:
+        try:
+            validate(value)
+        except Exception:  # JsonSchemaValueException, or a value it cannot read
+            return False
         return True
 
     return check
-
-
-def _kw_required(value: Any, schema: Mapping[str, Any]) -> Check:
-    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
-        raise SchemaUnsupported("required must be an array of strings")
-    names = frozenset(value)
-    return lambda v: not isinstance(v, dict) or names <= v.keys()
-
-
-def _kw_additional_properties(value: Any, schema: Mapping[str, Any]) -> Check:
-    if "patternProperties" in schema:
-        raise SchemaUnsupported("patternProperties")
-    if not isinstance(value, Mapping | bool):
-        raise SchemaUnsupported("additionalProperties must be a schema")
-    known = frozenset(schema.get("properties") or ())
-    if value is True:
-        return _always
-    if value is False:
-        return lambda v: not isinstance(v, dict) or all(k in known for k in v)
-    extra = compile_check(value)
-    return lambda v: (
-        not isinstance(v, dict) or all(extra(item) for k, item in v.items() if k not in known)
-    )
-
-
-def _branches(value: Any) -> list[Check]:
-    if not isinstance(value, list) or not value:
-        raise SchemaUnsupported("anyOf/oneOf/allOf must be a non-empty array")
-    return [compile_check(b) for b in value]
-
-
-def _kw_any_of(value: Any, schema: Mapping[str, Any]) -> Check:
-    branches = _branches(value)
-    return lambda v: any(b(v) for b in branches)
-
-
-def _kw_all_of(value: Any, schema: Mapping[str, Any]) -> Check:
-    branches = _branches(value)
-    return lambda v: all(b(v) for b in branches)
-
-
-def _kw_one_of(value: Any, schema: Mapping[str, Any]) -> Check:
-    branches = _branches(value)
-    return lambda v: sum(1 for b in branches if b(v)) == 1
-
-
-def _kw_not(value: Any, schema: Mapping[str, Any]) -> Check:
-    inner = compile_check(value)
-    return lambda v: not inner(v)
-
-
-_KEYWORDS: dict[str, Callable[[Any, Mapping[str, Any]], Check]] = {
-    "type": _kw_type,
-    "enum": _kw_enum,
-    "const": _kw_const,
-    "minimum": _kw_minimum,
-    "maximum": _kw_maximum,
-    "exclusiveMinimum": _kw_exclusive_minimum,
-    "exclusiveMaximum": _kw_exclusive_maximum,
-    "minLength": _kw_min_length,
-    "maxLength": _kw_max_length,
-    "pattern": _kw_pattern,
-    "minItems": _kw_min_items,
-    "maxItems": _kw_max_items,
-    "minProperties": _kw_min_properties,
-    "maxProperties": _kw_max_properties,
-    "items": _kw_items,
-    "properties": _kw_properties,
-    "required": _kw_required,
-    "additionalProperties": _kw_additional_properties,
-    "anyOf": _kw_any_of,
-    "allOf": _kw_all_of,
-    "oneOf": _kw_one_of,
-    "not": _kw_not,
-}
 
 
 # -------------------------------------------------------------------------- coercion
@@ -520,10 +377,14 @@ def _from_text(text: str, target: str) -> Any:
 
 
 class _CoercerBuilder:
-    """Compiles a schema into a coercion function; follows local ``$ref``s."""
+    """Compiles a schema into a coercion function; follows local ``$ref``s.
 
-    def __init__(self, root: Any) -> None:
+    ``fit`` gives, for an anyOf/oneOf branch, the check of whether a value fits it.
+    """
+
+    def __init__(self, root: Any, fit: Callable[[Any], Check]) -> None:
         self.root = root
+        self.fit = fit
         self._by_id: dict[int, list[Coerce]] = {}
 
     def build(self, schema: Any) -> Coerce:
@@ -579,13 +440,7 @@ class _CoercerBuilder:
         return chain
 
     def _branches(self, branches: list[Any]) -> Coerce:
-        compiled = []
-        for branch in branches:
-            try:
-                fits = compile_check(branch)
-            except SchemaUnsupported:
-                fits = _loose_fit(branch)
-            compiled.append((fits, self.build(branch)))
+        compiled = [(self.fit(branch), self.build(branch)) for branch in branches]
 
         def coerce(value: Any) -> Any:
             if any(fits(value) for fits, _ in compiled):
@@ -735,16 +590,6 @@ class _CoercerBuilder:
         return coerce
 
 
-def _loose_fit(schema: Any) -> Check:
-    """For a branch the fast checker cannot compile: does the value have a listed type?"""
-    if not isinstance(schema, Mapping):
-        return _always if schema is not False else _never
-    types = _types_of(schema)
-    if types is None:
-        return _always
-    return lambda v: any(_is_type(v, t) for t in types)
-
-
 # -------------------------------------------------------------------------- messages
 
 
@@ -834,35 +679,47 @@ class ToolArguments:
     """One tool's compiled argument handling: coercion, then validation.
 
     Build it once per schema (the registry keeps one per registered tool). Raises
-    ValueError when ``parameters`` is not a valid JSON Schema.
+    ValueError when ``parameters`` is not a valid JSON Schema. The fast path is compiled
+    at the first call (a few milliseconds a schema; most tools are never called in a run).
     """
 
     def __init__(self, parameters: Any, *, base: str = "args") -> None:
+        import jsonschema
+        import jsonschema.validators
+
+        cls = jsonschema.validators.validator_for(
+            parameters, default=jsonschema.Draft202012Validator
+        )
+        try:
+            cls.check_schema(parameters)  # now: a bad schema is the tool's bug
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"invalid parameters schema: {exc.message}") from None
         self.parameters = parameters
         self.base = base
-        self._coerce = _CoercerBuilder(parameters).build(parameters)
-        try:
-            self._fast: Check | None = compile_check(parameters)
-        except SchemaUnsupported:
-            self._fast = None
-        self._validator: Any = None
-        if self._fast is None:
-            self._jsonschema()  # check the schema now: a bad one is the tool's bug
+        self._validator: Any = cls(parameters)
+        self._fast: Check | None = None
+        self._compiled = False
+        self._coerce = _CoercerBuilder(parameters, self._branch_check).build(parameters)
 
-    def _jsonschema(self) -> Any:
-        if self._validator is None:
-            import jsonschema
-            import jsonschema.validators
+    def _fast_path(self) -> Check | None:
+        if not self._compiled:
+            self._fast = fast_validator(self.parameters)
+            self._compiled = True
+        return self._fast
 
-            cls = jsonschema.validators.validator_for(
-                self.parameters, default=jsonschema.Draft202012Validator
-            )
-            try:
-                cls.check_schema(self.parameters)
-            except jsonschema.SchemaError as exc:
-                raise ValueError(f"invalid parameters schema: {exc.message}") from None
-            self._validator = cls(self.parameters)
-        return self._validator
+    def _branch_check(self, branch: Any) -> Check:
+        """Whether a value fits ``branch``, judged as part of the whole schema."""
+        compiled: list[Check] = []
+
+        def fits(value: Any) -> bool:
+            if not compiled:
+                fast = fast_validator(branch, refs=False)
+                if fast is None:  # jsonschema resolves its references in the whole schema
+                    fast = self._validator.evolve(schema=branch).is_valid
+                compiled.append(fast)
+            return bool(compiled[0](value))
+
+        return fits
 
     def coerce(self, args: Any) -> Any:
         """Coerce ``args`` toward the schema; the input is never modified.
@@ -880,16 +737,19 @@ class ToolArguments:
         return self._coerce(args)
 
     def is_valid(self, args: Any) -> bool:
-        if self._fast is not None:
-            return self._fast(args)
-        return bool(self._jsonschema().is_valid(args))
+        """Whether ``args`` fits the schema as it stands (no coercion)."""
+        fast = self._fast_path()
+        if fast is not None and fast(args):
+            return True
+        return bool(self._validator.is_valid(args))
 
     def problems(self, args: Any, limit: int = MAX_PROBLEMS) -> list[Problem]:
         """What is wrong with ``args`` (at most ``limit`` problems, plus a count of the rest)."""
-        if self._fast is not None and self._fast(args):
+        fast = self._fast_path()
+        if fast is not None and fast(args):
             return []
         found: list[Problem] = []
-        for error in self._jsonschema().iter_errors(args):
+        for error in self._validator.iter_errors(args):
             for problem in _problems_from(error, self.base):
                 if problem not in found:
                     found.append(problem)
@@ -914,8 +774,7 @@ def describe_problems(problems: Sequence[Problem]) -> str:
 __all__ = [
     "MAX_PROBLEMS",
     "Problem",
-    "SchemaUnsupported",
     "ToolArguments",
-    "compile_check",
     "describe_problems",
+    "fast_validator",
 ]
