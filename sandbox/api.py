@@ -35,6 +35,15 @@ async def execute_code_async(
     arguments are fields of :class:`sandbox.runner.RunOptions`. Cancelling the call
     kills the script. Raises :class:`sandbox.runner.RunError` for bad options and
     :class:`environments.BackendError` when the backend cannot be used.
+
+    Dangerous terminal commands (recursive deletes of broad paths, writes to disks,
+    ``curl | sh``...; see :mod:`tools.approval`) are refused, and the script gets
+    ``{"error": ..., "approval_required": true}``, unless ``approval`` allows them: a
+    :class:`tools.approval.ApprovalPolicy` whose ``allowlist`` lists allowed commands
+    (exact, or ``re:`` and a regex) and whose callback asks a human, answering
+    ``"once"``, ``"session"``, ``"always"`` or ``"deny"``. Pass one policy to several
+    runs to share its session approvals; its ``on_always`` hook is where to save an
+    "always". ``workspace_root`` keeps the file tools inside one directory.
     """
     run_options = RunOptions(
         backend=backend,

@@ -1,4 +1,10 @@
-"""The command line: ``hermes-sandbox run SCRIPT.py`` and friends."""
+"""The command line: ``hermes-sandbox run SCRIPT.py`` and friends.
+
+Settings come from the config file (:mod:`sandbox.config`), then the command line: a
+flag that is given wins over the file, a flag that is not leaves the file's value (or
+its default). Dangerous terminal commands are put to the person at the terminal, when
+there is one, by :class:`TerminalPrompt`.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,14 @@ import argparse
 import os
 import signal
 import sys
+import termios
 from collections.abc import Sequence
+from typing import TextIO
 
 import anyio
 
 from environments import BACKENDS, BackendError
+from sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
 from sandbox.runner import RunError, RunOptions, resolve_tools, run_code
 from stubs import StubError, generate_stub
@@ -22,6 +31,7 @@ from tools import (
     registry,
     tools_for_run,
 )
+from tools.approval import Approval, ApprovalPolicy
 
 USAGE_ERROR = 2
 
@@ -76,12 +86,146 @@ def _load_tools(modules: Sequence[str]) -> None:
             raise CLIError(str(exc)) from None
 
 
-def _selected_tools(args: argparse.Namespace) -> list[str] | None:
-    """--tools plus the tools of --toolsets; None (the default set) when neither is given."""
+def _prepare(args: argparse.Namespace) -> Config:
+    """Read the config file, export its provider settings, load the tools; the config."""
+    config = load_config(args.config)
+    config.apply_providers()  # before the tools load: web tools look for their provider
+    _load_tools(args.tools_module)
+    return config
+
+
+def _selected_tools(args: argparse.Namespace, config: Config) -> list[str] | None:
+    """--tools plus the tools of --toolsets; None (the default set) when neither is given.
+
+    The selection is one setting: either flag replaces both ``tools`` and ``toolsets`` of
+    the config file, so ``--tools read_file`` means read_file alone, never read_file
+    plus the toolsets the file names.
+    """
+    if args.tools is None and args.toolsets is None:
+        tools, toolsets = config.tools, config.toolsets
+    else:
+        tools, toolsets = _split_list(args.tools), _split_list(args.toolsets)
     try:
-        return tools_for_run(_split_list(args.tools), _split_list(args.toolsets), registry)
+        return tools_for_run(tools, toolsets, registry)
     except ToolsetError as exc:
         raise CLIError(str(exc)) from None
+
+
+# -- approvals ---------------------------------------------------------------------------
+
+_ANSWERS = {
+    "o": Approval.ONCE,
+    "once": Approval.ONCE,
+    "s": Approval.SESSION,
+    "session": Approval.SESSION,
+    "a": Approval.ALWAYS,
+    "always": Approval.ALWAYS,
+    "": Approval.DENY,
+    "n": Approval.DENY,
+    "no": Approval.DENY,
+}
+PROMPT = "Allow it? [o]nce, [s]ession, [a]lways, [N]o: "
+
+
+def _shown(text: str) -> str:
+    """``text`` fit for a terminal: control and invisible characters, which could hide
+    part of a command from the person asked, are shown escaped."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
+
+class TerminalPrompt:
+    """An approval callback that asks the person at the terminal, on stderr and stdin.
+
+    Async on purpose: it waits for the answer with :func:`anyio.wait_readable` on the
+    terminal, so the event loop keeps serving other calls and a Ctrl-C (which stops the
+    run) cancels the question. A blocking ``input()`` would run in a worker thread that
+    cannot be cancelled, and would keep the process alive after Ctrl-C until Enter.
+    Questions from concurrent calls are asked one at a time. Input typed before the
+    question is discarded, so keys pressed earlier cannot answer it.
+    """
+
+    def __init__(self, stdin_fd: int, stderr: TextIO) -> None:
+        self._fd = stdin_fd
+        self._stderr = stderr
+        self._lock: anyio.Lock | None = None
+
+    async def __call__(self, command: str, reasons: list[str]) -> Approval:
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            lines = _shown(command).splitlines() or [""]
+            text = "\nhermes-sandbox: the script wants to run a dangerous command:\n"
+            text += "".join(f"    {line}\n" for line in lines)
+            text += "".join(f"  - it {_shown(reason)}\n" for reason in reasons)
+            self._write(text)
+            try:
+                termios.tcflush(self._fd, termios.TCIFLUSH)
+            except (OSError, termios.error):
+                pass
+            while True:
+                self._write(PROMPT)
+                line = await self._read_line()
+                if line is None:  # end of input
+                    self._write("\n")
+                    return Approval.DENY
+                answer = _ANSWERS.get(line.strip().lower())
+                if answer is not None:
+                    return answer
+                self._write("Please answer o, s, a or n.\n")
+
+    def _write(self, text: str) -> None:
+        self._stderr.write(text)
+        self._stderr.flush()
+
+    async def _read_line(self) -> str | None:
+        try:
+            await anyio.wait_readable(self._fd)
+        except anyio.get_cancelled_exc_class():
+            self._write("\n")  # the run ended while asking: leave the line clean
+            raise
+        data = os.read(self._fd, 4096)
+        if not data:
+            return None
+        return data.decode(errors="replace").splitlines()[0] if data.strip() else ""
+
+
+def _can_prompt(args: argparse.Namespace) -> bool:
+    """True when a person can answer: stdin and stderr are a terminal, and stdin is not
+    where the script came from."""
+    if getattr(args, "script", None) == "-":
+        return False
+    try:
+        return os.isatty(sys.stdin.fileno()) and os.isatty(sys.stderr.fileno())
+    except (AttributeError, ValueError, OSError):  # closed or replaced streams
+        return False
+
+
+def _approval_policy(args: argparse.Namespace, config: Config) -> ApprovalPolicy:
+    """The run's one policy: the config's allowlist and --allow-command entries; asks at
+    the terminal when there is one, else refuses; "always" answers saved to the file."""
+    for entry in args.allow_command:
+        try:
+            ApprovalPolicy(allowlist=[entry])
+        except ValueError as exc:
+            raise CLIError(f"--allow-command: {exc}") from None
+    path = config.path or default_path()
+
+    def save(entry: str) -> None:
+        try:
+            add_to_allowlist(path, entry)
+        except ConfigError as exc:
+            sys.stderr.write(
+                f"hermes-sandbox: warning: allowed for this run only, not saved: {exc}\n"
+            )
+        else:
+            sys.stderr.write(f"hermes-sandbox: added to the allowlist in {path}\n")
+
+    prompt = TerminalPrompt(sys.stdin.fileno(), sys.stderr) if _can_prompt(args) else None
+    return ApprovalPolicy(
+        prompt,
+        allowlist=[*config.approvals.allowlist, *args.allow_command],
+        on_always=save,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,12 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     tool_args.add_argument(
         "--tools",
         metavar="A,B,C",
-        help="tools the script may call (default: every built-in sandbox tool)",
+        help="tools the script may call (default: the config's tools and toolsets, else "
+        "every built-in sandbox tool)",
     )
     tool_args.add_argument(
         "--toolsets",
         metavar="A,B",
-        help="toolsets whose tools the script may call, added to --tools (e.g. file,terminal)",
+        help="toolsets whose tools the script may call, added to --tools (e.g. file,terminal); "
+        "either flag replaces the config's tools and toolsets",
     )
     tool_args.add_argument(
         "--tools-module",
@@ -109,27 +255,54 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE (dotted name or .py path) that registers extra tools; repeatable",
     )
+    tool_args.add_argument(
+        "--config",
+        metavar="PATH",
+        help=(
+            "the YAML config file (default: $HERMES_SANDBOX_CONFIG, else "
+            "~/.config/hermes-sandbox/config.yaml if it exists)"
+        ),
+    )
 
     run = commands.add_parser(
         "run", parents=[tool_args], help="run a script", description="Run a script."
     )
     run.add_argument("script", help="the script to run, or - to read it from standard input")
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    run.add_argument("--timeout", type=float, default=300, metavar="SECONDS")
-    run.add_argument("--max-tool-calls", type=int, default=50, metavar="N")
+    # Defaults of None: "not given", so the config file's value applies.
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wall-clock limit (default: the config's limits.timeout, else 300)",
+    )
+    run.add_argument(
+        "--max-tool-calls",
+        type=int,
+        metavar="N",
+        help="tool-call budget (default: the config's limits.max_tool_calls, else 50)",
+    )
     run.add_argument("--cwd", metavar="DIR", help="working directory of the script")
     run.add_argument(
         "--backend",
-        default="local",
         metavar="NAME",
-        help=f"where the script runs: {', '.join(BACKENDS)} (default: local)",
+        help=f"where the script runs: {', '.join(BACKENDS)} (default: the config's, else local)",
     )
     run.add_argument(
         "--env",
         action="append",
         default=[],
         metavar="NAME[=VALUE]",
-        help="pass a variable to the script (its environment is scrubbed otherwise)",
+        help="pass a variable to the script (its environment is scrubbed otherwise); "
+        "added to the config's env",
+    )
+    run.add_argument(
+        "--allow-command",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="allow a dangerous terminal command for this run, as an entry of the config's "
+        "approvals.allowlist: an exact command, or re:REGEX; repeatable",
     )
 
     commands.add_parser(
@@ -178,19 +351,37 @@ async def _run_with_signals(code: str, options: RunOptions) -> ExecutionResult:
     return result
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    if args.backend not in BACKENDS:
-        raise CLIError(f"unknown backend {args.backend!r}; choose one of: {', '.join(BACKENDS)}")
-    _load_tools(args.tools_module)
-    code = _read_script(args.script)
-    options = RunOptions(
-        backend=args.backend,
-        tools=_selected_tools(args),
-        timeout=args.timeout,
-        max_tool_calls=args.max_tool_calls,
-        cwd=args.cwd,
-        env=_parse_env(args.env),
+def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
+    """The command line over the config file, as RunOptions."""
+    backend = config.backend if args.backend is None else args.backend
+    if backend not in BACKENDS:
+        raise CLIError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    limits = config.limits
+    timeout = limits.timeout if args.timeout is None else args.timeout
+    calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
+    python = config.backends.local.python if backend == "local" else None
+    return RunOptions(
+        backend=backend,
+        tools=_selected_tools(args, config),
+        timeout=timeout,
+        max_tool_calls=calls,
+        cwd=config.cwd if args.cwd is None else args.cwd,
+        env={**config.env, **_parse_env(args.env)},
+        python=os.path.expanduser(python) if python else None,
+        max_stdout_bytes=limits.max_stdout_bytes,
+        max_stderr_bytes=limits.max_stderr_bytes,
+        max_spill_bytes=limits.max_spill_bytes,
+        kill_grace=limits.kill_grace,
+        spill_dir=os.path.expanduser(config.spill_dir) if config.spill_dir else None,
+        workspace_root=config.workspace_root,
+        approval=_approval_policy(args, config),
     )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = _prepare(args)
+    options = _run_options(args, config)
+    code = _read_script(args.script)
     result = anyio.run(_run_with_signals, code, options)
     _print_result(result, args.json)
     if result.exit_code is None:
@@ -199,20 +390,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_stub(args: argparse.Namespace) -> int:
-    _load_tools(args.tools_module)
-    tools = resolve_tools(registry, _selected_tools(args))
+    config = _prepare(args)
+    tools = resolve_tools(registry, _selected_tools(args, config))
     sys.stdout.write(generate_stub(registry.get_definitions(tools)))
     return 0
 
 
 def _cmd_tools(args: argparse.Namespace) -> int:
-    _load_tools(args.tools_module)
+    _prepare(args)
     for name in registry.names():
         entry = registry.get(name)
         assert entry is not None
         state = "available" if registry.is_available(name) else "unavailable"
         summary = entry.description.split(". ")[0].strip()
-        summary += f" (needs {', '.join(entry.requires_env)})" if entry.requires_env else ""
+        # requires_env may list alternatives (any one search provider will do): not "needs"
+        if entry.requires_env:
+            summary += f" (configured by {', '.join(entry.requires_env)})"
         sys.stdout.write(f"{name:<16} {entry.toolset:<10} {state:<11} {summary}\n")
     return 0
 
@@ -223,8 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"run": _cmd_run, "stub": _cmd_stub, "tools": _cmd_tools}
     try:
         return handlers[args.command](args)
-    except (CLIError, RunError, BackendError, StubError) as exc:
-        sys.stderr.write(f"hermes-sandbox: error: {exc}\n")
+    except (CLIError, ConfigError, RunError, BackendError, StubError) as exc:
+        # one line, whatever the message holds
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        sys.stderr.write(f"hermes-sandbox: error: {message}\n")
         return USAGE_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("hermes-sandbox: interrupted\n")

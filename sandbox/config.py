@@ -3,7 +3,8 @@
 Looked up at ``--config PATH``, else ``$HERMES_SANDBOX_CONFIG``, else
 ``$XDG_CONFIG_HOME/hermes-sandbox/config.yaml`` (``~/.config/...``). A missing default
 file means all defaults; a missing file that was named explicitly is an error. Unknown
-keys are refused, so a typo does not silently do nothing. Example::
+keys are refused, so a typo does not silently do nothing, and so are values out of range
+(a timeout of 0, an allowlist regex that does not compile). Example::
 
     backend: local
     tools: [read_file, write_file, terminal]
@@ -17,7 +18,8 @@ keys are refused, so a typo does not silently do nothing. Example::
       SEARXNG_URL: http://127.0.0.1:8888
     approvals:
       allowlist:              # dangerous commands allowed without asking
-        - "rm -rf ./build"
+        - "rm -rf ./build"                      # this exact command
+        - "re:systemctl restart (nginx|redis)"  # re: a regex a flagged part must match
     backends:
       local:
         python: /usr/bin/python3
@@ -27,14 +29,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import tempfile
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from environments import BACKENDS
+from tools.approval import ALLOWLIST_REGEX_PREFIX
+
 ENV_VAR = "HERMES_SANDBOX_CONFIG"
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ConfigError(Exception):
@@ -50,10 +59,29 @@ class LimitsConfig:
     max_spill_bytes: int = 5_000_000
     kill_grace: float = 2.0
 
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not self.timeout > 0:
+            yield "timeout", f"must be more than 0 seconds, got {self.timeout:g}"
+        if not self.kill_grace >= 0:
+            yield "kill_grace", f"must be 0 seconds or more, got {self.kill_grace:g}"
+        for name in ("max_tool_calls", "max_stdout_bytes", "max_stderr_bytes", "max_spill_bytes"):
+            if getattr(self, name) < 0:
+                yield name, f"must be 0 or more, got {getattr(self, name)}"
+
 
 @dataclass(frozen=True, slots=True)
 class ApprovalsConfig:
     allowlist: list[str] = field(default_factory=list)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        for index, entry in enumerate(self.allowlist):
+            if not entry.strip():
+                yield f"allowlist[{index}]", "an entry must not be empty"
+            elif entry.startswith(ALLOWLIST_REGEX_PREFIX):
+                try:
+                    re.compile(entry[len(ALLOWLIST_REGEX_PREFIX) :])
+                except re.error as exc:
+                    yield f"allowlist[{index}]", f"{entry!r} is not a valid regex: {exc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +109,15 @@ class Config:
     backends: BackendsConfig = field(default_factory=BackendsConfig)
     path: str | None = field(default=None, compare=False)  # where it was read from
 
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.backend not in BACKENDS:
+            known = ", ".join(BACKENDS)
+            yield "backend", f"unknown backend {self.backend!r}; choose one of: {known}"
+        for section in ("env", "providers"):
+            for name in getattr(self, section):
+                if not _VARIABLE_NAME.fullmatch(name):
+                    yield f"{section}.{name}", "not a valid environment variable name"
+
     def apply_providers(self, environ: typing.MutableMapping[str, str] = os.environ) -> None:
         """Export provider settings to the host's environment, where tools read them;
         a variable already set wins."""
@@ -107,7 +144,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         return _convert(value, inner[0], where)
     if dataclasses.is_dataclass(hint):
         if value is None:
-            return hint()
+            return _build(hint, {}, where)
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
         return _build(hint, value, where)
@@ -156,7 +193,22 @@ def _build(cls: Any, data: dict[str, Any], where: str) -> Any:
         name: _convert(value, hints[name], f"{where}.{name}" if where else name)
         for name, value in data.items()
     }
-    return cls(**values)
+    built = cls(**values)
+    checks = built.problems() if hasattr(built, "problems") else iter(())
+    first = next(checks, None)
+    if first is not None:
+        name, problem = first
+        raise ConfigError(f"{where}.{name}: {problem}" if where else f"{name}: {problem}")
+    return built
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line: where, then what (PyYAML's own text spans several)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = "; ".join(part for part in (exc.context, exc.problem) if part)
+        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    return " ".join(str(exc).split())
 
 
 def parse_config(text: str, source: str = "config") -> Config:
@@ -164,7 +216,7 @@ def parse_config(text: str, source: str = "config") -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{source}: not valid YAML, {_yaml_problem(exc)}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -193,20 +245,48 @@ def load_config(path: str | None = None) -> Config:
 
 
 def add_to_allowlist(path: str, pattern: str) -> None:
-    """Persist an "always allow" approval: append ``pattern`` to approvals.allowlist."""
+    """Persist an "always allow" approval: append ``pattern`` to approvals.allowlist.
+
+    The file is rewritten whole (comments in it are lost), atomically, keeping its
+    permissions; a new file is made readable by its owner only, since a config may hold
+    provider keys. Raises :class:`ConfigError` when the file cannot be read, parsed or
+    written.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
+        mode = os.stat(path).st_mode & 0o7777
     except FileNotFoundError:
-        data = {}
-    approvals = data.setdefault("approvals", {}) or {}
-    data["approvals"] = approvals
-    allowlist = approvals.setdefault("allowlist", []) or []
-    approvals["allowlist"] = allowlist
+        data, mode = {}, 0o600
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML, {_yaml_problem(exc)}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    approvals = data.get("approvals") or {}
+    if not isinstance(approvals, dict):
+        raise ConfigError(f"{path}: approvals: expected a mapping")
+    allowlist = approvals.get("allowlist") or []
+    if not isinstance(allowlist, list):
+        raise ConfigError(f"{path}: approvals.allowlist: expected a list")
     if pattern not in allowlist:
         allowlist.append(pattern)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    temp = f"{path}.tmp"
-    with open(temp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    os.replace(temp, path)
+    approvals["allowlist"] = allowlist
+    data["approvals"] = approvals
+    directory = os.path.dirname(os.path.abspath(path))
+    temp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=".config-", suffix=".yaml.tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yaml.safe_dump(data, f, sort_keys=False)
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except OSError as exc:
+        if temp is not None:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+        raise ConfigError(f"cannot write config file {path}: {exc.strerror or exc}") from exc

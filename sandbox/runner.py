@@ -111,7 +111,9 @@ def resolve_tools(registry: ToolRegistry, requested: Sequence[str] | None) -> li
         for name in unavailable:
             entry = registry.get(name)
             needs = (
-                f" (needs {', '.join(entry.requires_env)})" if entry and entry.requires_env else ""
+                f" (configured by {', '.join(entry.requires_env)})"
+                if entry and entry.requires_env
+                else ""
             )
             details.append(name + needs)
         raise RunError(f"not available on this host: {', '.join(details)}")

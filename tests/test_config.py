@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+
 import pytest
 import yaml
 
@@ -54,14 +56,26 @@ def test_full_example_parses_into_typed_values():
         ("env: [a, b]", "env: expected a mapping"),
         ("- just a list", "top level must be a mapping"),
         ("backends: {local: {pyton: x}}", "backends.local: unknown setting pyton"),
-        ("limits: [", "not valid YAML"),
+        ("limits: [", "not valid YAML, line 1, column 10"),
+        ("limits: {timeout: 0}", "limits.timeout: must be more than 0"),
+        ("limits: {max_stdout_bytes: -1}", "limits.max_stdout_bytes: must be 0 or more"),
+        ("limits: {kill_grace: -2}", "limits.kill_grace: must be 0 seconds or more"),
+        ("backend: dockr", "backend: unknown backend 'dockr'"),
+        ("approvals: {allowlist: ['re:[']}", "approvals.allowlist[0]: 're:[' is not a valid"),
+        ("approvals: {allowlist: ['  ']}", "approvals.allowlist[0]: an entry must not be"),
+        ("providers: {'BAD-NAME': x}", "providers.BAD-NAME: not a valid environment variable"),
+        ("limits:\n", ""),  # an empty section is the defaults, not an error
     ],
 )
 def test_bad_settings_are_refused_with_their_place(text, message):
+    if not message:
+        assert parse_config(text, "my.yaml") == Config()
+        return
     with pytest.raises(ConfigError) as info:
         parse_config(text, "my.yaml")
     assert str(info.value).startswith("my.yaml: ")
     assert message in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_lookup_order(tmp_path, monkeypatch):
@@ -105,3 +119,28 @@ def test_always_approvals_are_persisted_once(tmp_path):
     assert data["limits"] == {"timeout": 9}
     assert data["approvals"]["allowlist"] == ["rm -rf ./build", "systemctl restart app"]
     assert load_config(str(path)).approvals.allowlist == data["approvals"]["allowlist"]
+
+
+def test_persisting_keeps_the_files_mode_and_makes_new_files_private(tmp_path):
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("backend: local\n")
+    shared.chmod(0o640)
+    add_to_allowlist(str(shared), "make deploy")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o640
+    fresh = tmp_path / "new" / "config.yaml"
+    add_to_allowlist(str(fresh), "make deploy")
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+    assert load_config(str(fresh)).approvals.allowlist == ["make deploy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "shared.yaml"]  # no temp
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("limits: [", "not valid YAML"), ("- a list", "mapping"), ("approvals: 3", "approvals")],
+)
+def test_persisting_into_a_bad_file_is_a_config_error(tmp_path, text, message):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        add_to_allowlist(str(path), "make deploy")
+    assert path.read_text() == text

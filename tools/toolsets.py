@@ -222,7 +222,7 @@ def _why_not(tool: str, registry: ToolRegistry) -> str:
     if entry is None:
         return f"{tool}: not registered"
     if entry.requires_env:
-        return f"{tool}: needs {', '.join(entry.requires_env)}"
+        return f"{tool}: configured by {', '.join(entry.requires_env)}"
     return f"{tool}: unavailable"
 
 
