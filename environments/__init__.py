@@ -14,7 +14,7 @@ from environments.errors import BackendError, BackendNotAvailable, EnvironmentFa
 # name -> "module:Class", or None for a name reserved for a backend not built yet.
 BACKENDS: dict[str, str | None] = {
     "local": "environments.local:LocalEnvironment",
-    "docker": None,
+    "docker": "environments.docker:DockerEnvironment",
     "ssh": None,
     "singularity": None,
     "modal": None,

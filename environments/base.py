@@ -20,7 +20,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 import anyio.abc
 
@@ -91,6 +91,35 @@ class Environment(abc.ABC):
     """A place where code runs. See the module docstring for the contract."""
 
     name: ClassVar[str]
+    # Whether scripts here see the host's own files and variables (the local backend):
+    # the runner then starts from the host's scrubbed environment and working directory.
+    shares_host: ClassVar[bool] = False
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Mapping[str, Any],
+        *,
+        env: Mapping[str, str],
+        kill_grace: float,
+        task_id: str | None,
+        python: str | None,
+    ) -> Self:
+        """Build the environment for one run from its backend ``settings`` (a config
+        section or the API's ``backend_options``); raise ValueError for bad settings."""
+        if settings:
+            raise ValueError(
+                f"the {cls.name} backend takes no settings, got {', '.join(sorted(settings))}"
+            )
+        kwargs: dict[str, Any] = {"env": env, "kill_grace": kill_grace}
+        if python:
+            kwargs["python"] = python
+        return cls(**kwargs)
+
+    @property
+    def default_cwd(self) -> str:
+        """Where scripts and commands start when the caller names no directory."""
+        return "/"
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -45,6 +45,7 @@ class LocalEnvironment(Environment):
     (default: a copy of this process's); ``python`` the interpreter for scripts."""
 
     name = "local"
+    shares_host = True
 
     def __init__(
         self,
@@ -64,6 +65,10 @@ class LocalEnvironment(Environment):
     @property
     def python(self) -> str:
         return self._python
+
+    @property
+    def default_cwd(self) -> str:
+        return os.getcwd()
 
     def host_socket_path(self, directory: str, name: str) -> str | None:
         return os.path.join(directory, name)  # this machine: every path is the host's

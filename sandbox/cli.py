@@ -14,7 +14,7 @@ import signal
 import sys
 import termios
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 
@@ -289,6 +289,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where the script runs: {', '.join(BACKENDS)} (default: the config's, else local)",
     )
     run.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="container image for the docker backend (a python3 with its standard library)",
+    )
+    run.add_argument(
+        "--network",
+        action="store_true",
+        help="give a container backend network access (default: none, loopback only)",
+    )
+    run.add_argument(
         "--env",
         action="append",
         default=[],
@@ -360,6 +370,13 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
     timeout = limits.timeout if args.timeout is None else args.timeout
     calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
     python = config.backends.local.python if backend == "local" else None
+    backend_options: dict[str, Any] = {}
+    if backend == "docker":
+        backend_options = config.backends.docker.settings()
+    if args.image is not None:
+        backend_options["image"] = args.image
+    if args.network:
+        backend_options["network"] = True
     return RunOptions(
         backend=backend,
         tools=_selected_tools(args, config),
@@ -375,6 +392,7 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         spill_dir=os.path.expanduser(config.spill_dir) if config.spill_dir else None,
         workspace_root=config.workspace_root,
         approval=_approval_policy(args, config),
+        backend_options=backend_options,
     )
 
 

@@ -90,8 +90,39 @@ class LocalBackendConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DockerBackendConfig:
+    """The docker backend's settings (environments.docker.DockerConfig); unset keys keep
+    its defaults. ``mounts`` entries are ``HOST:CONTAINER[:ro|rw]``."""
+
+    image: str | None = None
+    user: str | None = None
+    memory: str | None = None
+    cpus: float | None = None
+    pids_limit: int | None = None
+    network: bool | None = None
+    read_only_root: bool | None = None
+    tmp_size: str | None = None
+    workdir: str | None = None
+    workdir_size: str | None = None
+    mounts: list[str] | None = None
+    host_socket_dir: str | None = None
+    persist: bool | None = None
+    docker_host: str | None = None
+    python: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """The keys that were set, for the backend."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class BackendsConfig:
     local: LocalBackendConfig = field(default_factory=LocalBackendConfig)
+    docker: DockerBackendConfig = field(default_factory=DockerBackendConfig)
 
 
 @dataclass(frozen=True, slots=True)

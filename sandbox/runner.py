@@ -65,6 +65,8 @@ class RunOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
     transport: str = "auto"  # "auto", "unix" or "relay" (sandbox/transports.py)
+    # The backend's own settings (image, limits, mounts... for docker): its config section.
+    backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
     budget: ToolCallBudget | None = field(default=None, compare=False)
     approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
@@ -75,7 +77,7 @@ class RunOptions:
         if self.max_tool_calls < 0:
             raise RunError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
         checked = self
-        if self.cwd is not None:
+        if self.cwd is not None and self.backend == "local":
             cwd = os.path.abspath(os.path.expanduser(self.cwd))
             if not os.path.isdir(cwd):
                 raise RunError(f"working directory does not exist or is not a directory: {cwd}")
@@ -199,12 +201,25 @@ async def _stage(environment: Environment, stage: str, code: str, files: Mapping
         await environment.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
 
 
-def _make_environment(options: RunOptions, base_env: dict[str, str]) -> Environment:
+def _make_environment(
+    options: RunOptions, explicit_env: Mapping[str, str] | None
+) -> tuple[Environment, dict[str, str]]:
+    """The run's environment, and the variables its scripts start from: a backend that
+    shares the host starts from the host's scrubbed environment, any other from only
+    what the caller passed (the host's PATH or HOME mean nothing in a container)."""
     cls = get_environment_class(options.backend)
-    kwargs: dict[str, Any] = {"env": base_env, "kill_grace": options.kill_grace}
-    if options.python:
-        kwargs["python"] = options.python
-    return cls(**kwargs)
+    base_env = scrub_environment(os.environ if cls.shares_host else {}, explicit_env)
+    try:
+        environment = cls.for_run(
+            options.backend_options,
+            env=base_env,
+            kill_grace=options.kill_grace,
+            task_id=options.task_id,
+            python=options.python,
+        )
+    except (TypeError, ValueError) as exc:
+        raise RunError(f"bad settings for the {options.backend} backend: {exc}") from None
+    return environment, base_env
 
 
 async def run_code(
@@ -231,8 +246,6 @@ async def run_code(
     tools = resolve_tools(registry, options.tools)
     files = stub_files(registry.get_definitions(tools))
     budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
-    base_env = scrub_environment(os.environ, options.env)
-    cwd = options.cwd or os.getcwd()
 
     stdout = CappedOutput(
         options.max_stdout_bytes,
@@ -240,7 +253,8 @@ async def run_code(
         spill_dir=options.spill_dir,
     )
     stderr = CappedOutput(options.max_stderr_bytes)
-    environment = _make_environment(options, base_env)
+    environment, base_env = _make_environment(options, options.env)
+    cwd = options.cwd or environment.default_cwd
     gate: ToolGate | None = None
     marker = secrets.token_hex(12)
     try:

@@ -75,6 +75,7 @@ async def launch_relay(
         [environment.python, posixpath.join(stage, RELAY_MODULE)],
         env={"PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"},
     )
+    failure: TransportUnavailable | None = None
     async with RelaySession(channel, server, max_frame_size=server.max_frame_size) as session:
         try:
             await session.start(
@@ -86,11 +87,14 @@ async def launch_relay(
             )
         except RelayError as exc:
             details = channel.stderr_tail.decode("utf-8", "replace").strip()
-            raise TransportUnavailable(
+            failure = TransportUnavailable(
                 f"the relay could not start the script: {exc}"
                 + (f"\n{details[-2000:]}" if details else "")
-            ) from exc
-        yield session
+            )
+        if failure is None:
+            yield session
+    if failure is not None:  # raised out here, not wrapped in the session's task group
+        raise failure
 
 
 TRANSPORTS: dict[str, Launcher] = {"unix": launch_unix, "relay": launch_relay}

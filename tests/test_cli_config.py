@@ -147,10 +147,9 @@ def test_timeout_from_the_config_and_over_it(tmp_path):
 
 def test_backend_from_the_config_and_over_it(tmp_path):
     (tmp_path / "script.py").write_text("print('ran')\n")
-    write_config(default_config(tmp_path), {"backend": "docker"})
-    # the docker backend cannot run scripts here (yet, or without a daemon): it is the one
-    # the run tried, and it says so
-    assert_usage_error(cli("run", "script.py", cwd=tmp_path), "docker")
+    write_config(default_config(tmp_path), {"backend": "ssh"})
+    # the ssh backend cannot run scripts yet: it is the one the run tried, and it says so
+    assert_usage_error(cli("run", "script.py", cwd=tmp_path), "ssh")
     done = cli("run", "script.py", "--backend", "local", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran\n"

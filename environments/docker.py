@@ -1,0 +1,1293 @@
+"""The Docker backend: one long-lived, locked-down container per task, driven through
+the Docker Engine API with the docker SDK (any engine that serves that API: Docker,
+or podman's ``podman system service``).
+
+Lifecycle. :meth:`DockerEnvironment.start` finds the task's container again by its
+labels and reuses it when it runs the same image with the same settings (a hash of
+them is a label), else creates one running ``sleep infinity`` under an init process.
+By default it is isolated: every capability dropped, ``no-new-privileges``, a pids,
+memory and CPU limit, no network, a read-only root with tmpfs at ``/tmp`` and at the
+working directory. Labels also name the owner (pid, start time, boot id and pid
+namespace of the process that created it): :func:`reap_orphaned_containers` removes
+containers whose owner died on this host without cleaning up, and every start runs
+it. :meth:`DockerEnvironment.aclose` removes the container unless it is persistent.
+
+Commands. Every command runs under a small stdlib launcher (``_HELPER`` below, run by
+the image's Python) that starts it in a new session with a fresh marker variable in
+its environment. The processes of a command are found by that marker inside the
+container, so a timeout kills them there, not just the exec client on the host (the
+reference's weakness); what a finished command leaves in the background is killed
+too, as on the local backend.
+
+Files. ``docker cp`` (the archive API) cannot be used: on Docker it reads and writes
+the layer *under* a tmpfs mount, so a file put into ``/tmp`` silently vanishes
+(moby/moby#22020), and with a read-only root it is refused. File operations run the
+same helper through an exec instead, as the container's user, with data through
+stdin and stdout: errors are the real errno of the operation inside.
+
+Everything blocking goes through ``anyio.to_thread``; docker and requests errors are
+translated to :mod:`environments.errors` at this boundary and never leak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno as errno_module
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import socket
+import ssl
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar, cast
+
+import anyio
+import anyio.abc
+import psutil
+
+from environments.base import (
+    CommandResult,
+    Environment,
+    ExecStream,
+    FileKind,
+    FileStat,
+    SandboxProcess,
+)
+from environments.capture import HeadTailBuffer
+from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from environments.local import DEFAULT_MAX_COMMAND_OUTPUT, TIMEOUT_EXIT_CODE
+
+try:
+    import docker
+    import docker.errors
+    import docker.types
+    import requests.exceptions
+except ImportError:  # reported by DockerEnvironment.start, so DockerConfig works without it
+    docker = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SDK_MISSING = "the docker backend needs the docker SDK: pip install 'hermes-sandbox[docker]'"
+FALLBACK_IMAGE = "python:3.11-slim"
+DEFAULT_DOCKER_SOCKET = "unix:///var/run/docker.sock"  # where the SDK looks without DOCKER_HOST
+IMAGE_VAR = "HERMES_SANDBOX_DOCKER_IMAGE"  # overrides FALLBACK_IMAGE as DockerConfig's default
+
+LABEL_PREFIX = "hermes-sandbox."
+LABEL_MANAGED = "hermes-sandbox.managed"  # "1" on every container this backend creates
+LABEL_TASK = "hermes-sandbox.task"
+LABEL_CONFIG = "hermes-sandbox.config"  # hash of the settings the container was made with
+LABEL_PERSIST = "hermes-sandbox.persist"  # "1": kept by aclose, never reaped
+LABEL_OWNER_PID = "hermes-sandbox.owner-pid"
+LABEL_OWNER_START = "hermes-sandbox.owner-start"  # the owner's start time: pids get reused
+LABEL_OWNER_BOOT = "hermes-sandbox.owner-boot-id"
+LABEL_OWNER_PIDNS = "hermes-sandbox.owner-pidns"  # pids mean nothing across namespaces
+
+_HELPER_ERROR = "HERMES-SANDBOX-ERROR "
+_STDERR_TAIL = 8192
+_DRAIN_SECONDS = 1.0
+_MEMORY_RE = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host path bind-mounted into the container (read-only unless said otherwise)."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+    @classmethod
+    def parse(cls, value: str | Mapping[str, Any] | Mount) -> Mount:
+        """``"SRC:DST[:ro|rw]"``, a mapping with the field names, or a Mount."""
+        if isinstance(value, Mount):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"source", "target", "read_only"}
+            if unknown:
+                raise ValueError(f"unknown mount key(s): {', '.join(sorted(unknown))}")
+            return cls(
+                str(value["source"]), str(value["target"]), bool(value.get("read_only", True))
+            )
+        parts = value.split(":")
+        if len(parts) == 2:
+            return cls(parts[0], parts[1])
+        if len(parts) == 3 and parts[2] in ("ro", "rw"):
+            return cls(parts[0], parts[1], parts[2] == "ro")
+        raise ValueError(f"a mount is SOURCE:TARGET[:ro|rw], got {value!r}")
+
+
+def _default_image() -> str:
+    return os.environ.get(IMAGE_VAR) or FALLBACK_IMAGE
+
+
+def _default_docker_host() -> str | None:
+    return os.environ.get("DOCKER_HOST") or None
+
+
+@dataclass(frozen=True, slots=True)
+class DockerConfig:
+    """Settings of the docker backend. Unknown keys are refused (:meth:`from_mapping`).
+
+    Sizes are the engine's notation (``"512m"``, ``"1g"``); ``None`` lifts a limit.
+    """
+
+    image: str = field(default_factory=_default_image)
+    task_id: str | None = None  # containers are per task; None: a fresh one, never shared
+    user: str | None = None  # container user ("name", "uid" or "uid:gid"); None: the image's
+    memory: str | None = "1g"
+    cpus: float | None = 1.0
+    pids_limit: int | None = 256
+    network: bool = False  # False: network mode "none" (loopback only)
+    read_only_root: bool = True
+    tmp_size: str = "256m"  # the tmpfs at /tmp
+    workdir: str = "/workspace"  # a tmpfs (unless a mount lands there); commands start here
+    workdir_size: str = "512m"
+    mounts: tuple[Mount, ...] = ()
+    # A host directory bind-mounted read-write at the same path inside, so a Unix
+    # socket the host listens on there is reachable from the container.
+    host_socket_dir: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    persist: bool = False  # keep the container after aclose (and never reap it)
+    docker_host: str | None = field(default_factory=_default_docker_host)
+    python: str = "python3"  # the image's interpreter; commands and file operations need it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mounts", tuple(Mount.parse(m) for m in self.mounts))
+        object.__setattr__(self, "labels", dict(self.labels))
+        for name in ("memory", "tmp_size", "workdir_size"):
+            value = getattr(self, name)
+            if value is not None and not _MEMORY_RE.match(str(value)):
+                raise ValueError(f"{name} must be a size like '512m' or '1g', got {value!r}")
+        if self.cpus is not None and not self.cpus > 0:
+            raise ValueError(f"cpus must be > 0, got {self.cpus}")
+        if self.pids_limit is not None and self.pids_limit < 1:
+            raise ValueError(f"pids_limit must be >= 1, got {self.pids_limit}")
+        for path in (self.workdir, self.host_socket_dir, *(m.target for m in self.mounts)):
+            if path is not None and not path.startswith("/"):
+                raise ValueError(f"paths inside the container must be absolute, got {path!r}")
+        reserved = [key for key in self.labels if key.startswith(LABEL_PREFIX)]
+        if reserved:
+            raise ValueError(f"labels starting with {LABEL_PREFIX!r} are reserved: {reserved}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> DockerConfig:
+        """Build from plain data (a config file's section); refuse unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown docker backend setting(s): {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def creation_hash(self, image_id: str) -> str:
+        """What the container was made from: a reused container must match it."""
+        settings = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("task_id", "docker_host", "python", "image")
+        }
+        settings["mounts"] = [dataclasses.astuple(m) for m in self.mounts]
+        settings["image_id"] = _short_id(image_id)
+        text = json.dumps(settings, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+# -- the helper that runs inside the container ---------------------------------------
+# Run with the image's Python (3.6+) as ``python3 -c HELPER VERB ARGS``. It imports
+# only modules that even Debian's python3-minimal has (no json, shutil, tempfile).
+# Data goes to stdout. A failed file operation is one line on stderr: _HELPER_ERROR,
+# then the errno name, the message and the file name, each hex-encoded UTF-8, joined
+# by tabs; the host raises the same OSError subclass (see _raise_helper_failure).
+
+_HELPER = r"""
+import errno, os, signal, stat, sys, time
+
+MARK = "HERMES_SANDBOX_EXEC"
+
+
+def hexed(text):
+    return str(text).encode("utf-8", "surrogateescape").hex()
+
+
+def fail(exc):
+    fields = (errno.errorcode.get(exc.errno or 0, ""), exc.strerror or str(exc),
+              "" if exc.filename is None else exc.filename)
+    line = "HERMES-SANDBOX-ERROR " + "\t".join(hexed(f) for f in fields) + "\n"
+    os.write(2, line.encode())
+    os._exit(125)
+
+
+def others():
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            yield int(name)
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def members(entry, own_sid):
+    # The command's processes: those carrying the marker, and every process in a
+    # session one of them is in (a child may have scrubbed its environment).
+    found, sids = set(), set()
+    for pid in others():
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                if entry in f.read().split(b"\0"):
+                    found.add(pid)
+                    sids.add(os.getsid(pid))
+        except OSError:
+            pass
+    sids.discard(own_sid)
+    if sids:
+        for pid in others():
+            try:
+                if os.getsid(pid) in sids:
+                    found.add(pid)
+            except OSError:
+                pass
+    return set(pid for pid in found if alive(pid))
+
+
+def send(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def sweep(token, grace):
+    entry = (MARK + "=" + token).encode()
+    own = os.getsid(0)
+    targets = members(entry, own)
+    if targets and grace > 0:
+        send(targets, signal.SIGTERM)
+        send(targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(alive(p) for p in targets):
+            time.sleep(0.01)
+    for _ in range(200):  # until nothing is left, however fast they fork
+        targets = members(entry, own)
+        if not targets:
+            return
+        send(targets, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def run(token, grace, cwd, command):
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            fail(exc)
+    env = dict(os.environ)
+    env[MARK] = token
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.dup2(1, 2)
+            os.execve("/bin/sh", ["/bin/sh", "-c", command], env)
+        except OSError as exc:
+            os.write(2, ("cannot run /bin/sh: %s\n" % exc).encode())
+        os._exit(127)
+    status = os.waitpid(pid, 0)[1]
+    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    sweep(token, grace)  # what the command left in the background
+    sys.exit(code)
+
+
+def kind_of(mode):
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"),
+                       (stat.S_ISCHR, "char_device"), (stat.S_ISBLK, "block_device"),
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "other"
+
+
+def remove_tree(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        for name in dirs:
+            full = os.path.join(root, name)
+            try:
+                if os.path.islink(full):
+                    os.unlink(full)
+                else:
+                    os.rmdir(full)
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def make_private_dir(prefix, parent):
+    while True:
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+
+
+def main(verb, args):
+    if verb == "run":
+        return run(args[0], float(args[1]), args[2], args[3])
+    if verb == "kill":
+        return sweep(args[0], float(args[1]))
+    out = sys.stdout.buffer
+    try:
+        if verb == "stat":
+            st = os.stat(args[0])
+            real = os.path.realpath(args[0])
+            out.write(("%s\t%d\t%s" % (kind_of(st.st_mode), st.st_size, hexed(real))).encode())
+        elif verb == "read":
+            left = int(args[1])
+            with open(args[0], "rb") as f:
+                while left != 0:
+                    chunk = f.read(65536 if left < 0 else min(65536, left))
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    left -= len(chunk) if left > 0 else 0
+        elif verb == "write":
+            path, parents, mode = args[0], args[1] == "1", args[2]
+            data = sys.stdin.buffer.read()
+            if parents:
+                parent = os.path.dirname(os.path.abspath(path))
+                if not os.path.isdir(parent):
+                    os.makedirs(parent)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode or "644", 8))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            if mode:
+                os.chmod(path, int(mode, 8))
+        elif verb == "mkdtemp":
+            out.write(hexed(make_private_dir(args[0], args[1])).encode())
+        elif verb == "rmtree":
+            remove_tree(args[0])
+        else:
+            raise SystemExit("unknown verb " + verb)
+    except OSError as exc:
+        fail(exc)
+
+
+main(sys.argv[1], sys.argv[2:])
+"""
+
+
+# -- the engine's multiplexed stream ---------------------------------------------------
+
+
+class _FrameDemux:
+    """Split an exec's output stream, as the engine sends it without a TTY.
+
+    Every chunk of output is one frame with an 8-byte header::
+
+        byte 0      stream: 0 stdin, 1 stdout, 2 stderr, 3 an error from the engine
+        bytes 1-3   zero
+        bytes 4-7   length of the payload, unsigned 32-bit big-endian
+
+    :meth:`feed` takes bytes as they arrive, split anywhere, and returns the payload
+    pieces with their stream number; a piece is passed on before its frame is complete.
+    """
+
+    __slots__ = ("_header", "_remaining", "_stream")
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._stream = 0
+        self._remaining = 0
+
+    @property
+    def mid_frame(self) -> bool:
+        return bool(self._header) or self._remaining > 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        pieces: list[tuple[int, bytes]] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._remaining == 0:
+                take = min(8 - len(self._header), end - pos)
+                self._header += data[pos : pos + take]
+                pos += take
+                if len(self._header) < 8:
+                    break
+                header = bytes(self._header)
+                self._header.clear()
+                if header[0] > 3 or header[1:4] != b"\0\0\0":
+                    raise ValueError(f"not a multiplexed exec stream (header {header.hex()})")
+                self._stream = header[0]
+                self._remaining = int.from_bytes(header[4:8], "big")
+                continue
+            take = min(self._remaining, end - pos)
+            pieces.append((self._stream, data[pos : pos + take]))
+            pos += take
+            self._remaining -= take
+        return pieces
+
+
+class _ThreadedSocketStream(anyio.abc.ByteStream):
+    """A blocking socket-like object (a TLS socket, an SSH channel) used from threads:
+    for engines reached through something the event loop cannot wait on directly."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        if hasattr(sock, "settimeout"):
+            sock.settimeout(None)  # the SDK's request timeout would end an idle stream
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            data = await anyio.to_thread.run_sync(
+                self._sock.recv, max_bytes, abandon_on_cancel=True
+            )
+        except OSError as exc:
+            if self._closed:
+                raise anyio.ClosedResourceError from exc
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            await anyio.to_thread.run_sync(self._sock.sendall, item)
+        except OSError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        try:
+            if hasattr(self._sock, "shutdown_write"):  # a paramiko channel
+                self._sock.shutdown_write()
+            else:
+                self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
+        except (OSError, AttributeError, TypeError):
+            pass
+        self._sock.close()
+
+
+class DockerExecStream(ExecStream):
+    """An exec's stdin and stdout as one byte stream; stderr kept as a short tail.
+
+    Built on the socket the engine hands over after ``POST /exec/{id}/start``
+    (a hijacked HTTP connection), so a round trip costs no thread hop.
+    """
+
+    def __init__(
+        self,
+        transport: anyio.abc.ByteStream,
+        inspect: Callable[[], Any],
+        release: Callable[[], None],
+        pending: bytes = b"",
+    ) -> None:
+        self._transport = transport
+        self._inspect = inspect  # async: the exec's inspect data
+        self._release = release  # blocking: close what the SDK keeps for the connection
+        self._demux = _FrameDemux()
+        self._ready: list[bytes] = []
+        self._pending = pending  # read by the SDK's HTTP layer past the response headers
+        self._eof = False
+        self._eof_sent = False
+        self._closed = False
+        self._exit_code: int | None = None
+        self.stderr_tail = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._ready:
+            if self._eof:
+                raise anyio.EndOfStream
+            if self._pending:
+                data, self._pending = self._pending, b""
+            else:
+                try:
+                    data = await self._transport.receive()
+                except anyio.EndOfStream:
+                    self._eof = True
+                    if self._demux.mid_frame:
+                        raise anyio.BrokenResourceError(
+                            "the engine closed the exec stream inside a frame"
+                        ) from None
+                    raise
+            try:
+                pieces = self._demux.feed(data)
+            except ValueError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            for stream, piece in pieces:
+                if stream == 1:
+                    self._ready.append(piece)
+                elif piece:  # stderr, or an error from the engine
+                    self.stderr_tail = (self.stderr_tail + piece)[-_STDERR_TAIL:]
+        chunk = self._ready[0]
+        if len(chunk) <= max_bytes:
+            self._ready.pop(0)
+            return chunk
+        self._ready[0] = chunk[max_bytes:]
+        return chunk[:max_bytes]
+
+    async def send(self, item: bytes) -> None:
+        await self._transport.send(item)
+
+    async def send_eof(self) -> None:
+        self._eof_sent = True
+        await self._transport.send_eof()
+
+    async def wait(self) -> int:
+        """Wait for the exec to finish: the engine offers no wait call for an exec, so
+        this asks its state with a growing pause (5 ms up to 250 ms)."""
+        delay = 0.005
+        while self._exit_code is None:
+            info = await self._inspect()
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                self._exit_code = int(info["ExitCode"])
+                break
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+        return self._exit_code
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if not self._eof_sent:
+                try:
+                    await self._transport.send_eof()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+            await self._transport.aclose()
+            await anyio.to_thread.run_sync(self._release)
+
+
+# -- owners and the reaper -------------------------------------------------------------
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@functools.cache
+def _host_identity() -> tuple[str, str]:
+    """(boot id, pid namespace) of this process; empty where they cannot be read."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return _read_text("/proc/sys/kernel/random/boot_id"), pidns
+
+
+def owner_labels(pid: int | None = None) -> dict[str, str]:
+    """The owner labels for a container made by process ``pid`` (default: this one)."""
+    pid = os.getpid() if pid is None else pid
+    boot_id, pidns = _host_identity()
+    try:
+        started = f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
+        started = ""
+    return {
+        LABEL_OWNER_PID: str(pid),
+        LABEL_OWNER_START: started,
+        LABEL_OWNER_BOOT: boot_id,
+        LABEL_OWNER_PIDNS: pidns,
+    }
+
+
+def _owner_gone(labels: Mapping[str, str]) -> bool:
+    """True only when the owner is known to be dead: same boot and pid namespace as
+    this process, and its pid absent, a zombie, or now another process."""
+    boot_id, pidns = _host_identity()
+    if not boot_id or labels.get(LABEL_OWNER_BOOT) != boot_id:
+        return False
+    if labels.get(LABEL_OWNER_PIDNS, "") != pidns:
+        return False
+    try:
+        pid = int(labels.get(LABEL_OWNER_PID, ""))
+    except ValueError:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return True
+        started = labels.get(LABEL_OWNER_START, "")
+        return bool(started) and abs(process.create_time() - float(started)) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, ValueError):
+        return False
+
+
+def _reap(client: Any) -> list[str]:
+    """Remove this runtime's containers whose owner died on this host; blocking."""
+    boot_id, _ = _host_identity()
+    if not boot_id:
+        return []
+    filters = {"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER_BOOT}={boot_id}"]}
+    removed = []
+    for entry in client.api.containers(all=True, filters=filters):
+        labels = entry.get("Labels") or {}
+        if labels.get(LABEL_PERSIST) == "1" or not _owner_gone(labels):
+            continue
+        try:
+            client.api.remove_container(entry["Id"], force=True, v=True)
+        except docker.errors.APIError as exc:  # gone already, or being removed by another
+            log.debug("not reaping %s: %s", entry["Id"][:12], _engine_message(exc))
+            continue
+        names = entry.get("Names") or [entry["Id"][:12]]
+        removed.append(names[0].lstrip("/"))
+    if removed:
+        log.info("removed containers left by dead owners: %s", ", ".join(removed))
+    return removed
+
+
+async def reap_orphaned_containers(docker_host: str | None = None) -> list[str]:
+    """Remove containers of this runtime whose owner process died on this host
+    (same boot, same pid namespace, pid gone), unless they are persistent.
+
+    Returns the names removed. Raises BackendNotAvailable when no engine answers,
+    EnvironmentFailure when the engine refuses.
+    """
+    host = docker_host if docker_host is not None else _default_docker_host()
+    client = await _connect(host)
+    try:
+        return await _call(f"reaping at {_shown(host)}", _reap, client)
+    finally:
+        await anyio.to_thread.run_sync(client.close)
+
+
+# -- talking to the engine -------------------------------------------------------------
+
+
+def _require_sdk() -> None:
+    if docker is None:
+        raise BackendNotAvailable(SDK_MISSING)
+
+
+def _shown(host: str | None) -> str:
+    unset = f"{DEFAULT_DOCKER_SOCKET} (DOCKER_HOST is not set)"
+    return host or os.environ.get("DOCKER_HOST") or unset
+
+
+def _short_id(image_id: str) -> str:
+    return image_id.split(":", 1)[-1]
+
+
+def _engine_message(exc: BaseException) -> str:
+    explanation = getattr(exc, "explanation", None)
+    if isinstance(explanation, bytes):
+        explanation = explanation.decode("utf-8", "replace")
+    return str(explanation or exc)
+
+
+async def _call(doing: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking SDK call in a thread; translate what it raises."""
+    try:
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+    except docker.errors.NotFound as exc:
+        raise EnvironmentFailure(f"{doing}: not found: {_engine_message(exc)}") from exc
+    except docker.errors.APIError as exc:
+        raise EnvironmentFailure(f"{doing}: the engine said: {_engine_message(exc)}") from exc
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise EnvironmentFailure(f"{doing}: lost the container engine: {exc}") from exc
+
+
+async def _connect(host: str | None) -> Any:
+    """A client that has had an answer from the engine; BackendNotAvailable otherwise."""
+    _require_sdk()
+    effective = host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
+
+    def connect() -> Any:
+        if effective.startswith("unix://"):
+            _probe_unix_socket(effective[len("unix://") :])
+        # from_env also reads DOCKER_TLS_VERIFY and DOCKER_CERT_PATH; asking the
+        # engine's API version (version=None) is the first request, so it either
+        # answers here or this raises.
+        environment = dict(os.environ)
+        if host:
+            environment["DOCKER_HOST"] = host
+        return docker.from_env(environment=environment)
+
+    try:
+        return await anyio.to_thread.run_sync(connect)
+    except (
+        OSError,
+        docker.errors.DockerException,
+        requests.exceptions.RequestException,
+    ) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else None
+        raise BackendNotAvailable(
+            f"no container engine answers at {_shown(host)}: {reason or _engine_message(exc)}. "
+            "Start Docker, or run scripts/podman-service (podman serving the Docker API) and "
+            "export the DOCKER_HOST it prints; or set DockerConfig.docker_host."
+        ) from exc
+
+
+def _probe_unix_socket(path: str) -> None:
+    """Connect once and hang up; raise OSError if nothing listens. (The SDK's own
+    attempt leaks its socket when the connection fails.)"""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(10)
+        probe.connect(path)
+
+
+def _exec_socket_stream(raw: Any) -> tuple[Any, bytes]:
+    """The connection under an exec's response, and what the SDK's HTTP layer already
+    read from it past the headers (it reads through a buffer)."""
+    sock = getattr(raw, "_sock", raw)  # socket.SocketIO over a plain socket, or the socket
+    pending = b""
+    response = getattr(raw, "_response", None)
+    buffered = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if buffered is not None and hasattr(sock, "setblocking"):
+        timeout = sock.gettimeout()
+        sock.setblocking(False)
+        try:
+            pending = buffered.read1(1 << 20) or b""
+        except OSError:
+            pending = b""
+        finally:
+            sock.settimeout(timeout)
+    return sock, pending
+
+
+# Containers this process uses, with how many open environments share each: a
+# container is removed when its last user in this process closes.
+_SHARED: dict[str, int] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.")[:40] or "task"
+
+
+class DockerEnvironment(Environment):
+    """A container of the task's own (see the module docstring).
+
+    ``config`` says which image and how locked down; ``env`` holds variables every
+    command and process gets (added to the image's own; nothing of the host's leaks
+    in otherwise); ``kill_grace`` is how long a command gets between SIGTERM and
+    SIGKILL; ``python`` overrides ``config.python``.
+
+    Exec streams run on the event loop over the engine's socket; over TLS or SSH they
+    use threads, and setting ``threaded_io`` forces that everywhere (for tests).
+    """
+
+    name: ClassVar[str] = "docker"
+
+    def __init__(
+        self,
+        config: DockerConfig | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        kill_grace: float = 2.0,
+        python: str | None = None,
+    ) -> None:
+        self.config = config or DockerConfig()
+        self.task_id = self.config.task_id or uuid.uuid4().hex
+        self._env = dict(env or {})
+        self.kill_grace = kill_grace
+        self._python = python or self.config.python
+        self._client: Any = None
+        self.container_id: str | None = None
+        self.container_name: str | None = None
+        self.reused = False  # start() attached to a container that was already running
+        self._closed = False
+        self.threaded_io = False  # use threads for exec sockets even where not needed
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Mapping[str, Any],
+        *,
+        env: Mapping[str, str],
+        kill_grace: float,
+        task_id: str | None,
+        python: str | None,
+    ) -> DockerEnvironment:
+        data = dict(settings)
+        if task_id is not None:
+            data.setdefault("task_id", task_id)
+        if python:
+            data["python"] = python
+        return cls(DockerConfig.from_mapping(data), env=env, kill_grace=kill_grace)
+
+    @property
+    def python(self) -> str:
+        return self._python
+
+    @property
+    def default_cwd(self) -> str:
+        return self.config.workdir
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, reap orphans, then reuse or create the task's container.
+
+        Raises BackendNotAvailable (no SDK, no engine, no image) or EnvironmentFailure.
+        """
+        if self._closed:
+            raise EnvironmentFailure("this docker environment was closed; make a new one")
+        if self.container_id is not None:
+            return
+        _require_sdk()
+        host = self.config.docker_host
+        self._client = await _connect(host)
+        try:
+            try:
+                await anyio.to_thread.run_sync(_reap, self._client)
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                log.warning("could not reap orphaned containers: %s", _engine_message(exc))
+            image_id = await self._image_id()
+            await self._attach(image_id)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._client.close)
+            self._client = None
+            raise
+
+    async def _image_id(self) -> str:
+        image = self.config.image
+        try:
+            found = await anyio.to_thread.run_sync(self._client.images.get, image)
+        except docker.errors.ImageNotFound as exc:
+            raise BackendNotAvailable(
+                f"the image {image!r} is not in the container engine at "
+                f"{_shown(self.config.docker_host)}: pull it (docker pull {image}), or build "
+                "hermes-sandbox-python:bookworm with scripts/podman-service, or choose another "
+                f"image with DockerConfig(image=...) or ${IMAGE_VAR}"
+            ) from exc
+        except docker.errors.APIError as exc:
+            raise EnvironmentFailure(
+                f"looking up the image {image!r}: the engine said: {_engine_message(exc)}"
+            ) from exc
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise EnvironmentFailure(f"looking up the image {image!r}: {exc}") from exc
+        return str(found.id)
+
+    async def _attach(self, image_id: str) -> None:
+        config = self.config
+        config_hash = config.creation_hash(image_id)
+        if config.task_id is not None:
+            filters = {
+                "label": [
+                    f"{LABEL_MANAGED}=1",
+                    f"{LABEL_TASK}={config.task_id}",
+                    f"{LABEL_CONFIG}={config_hash}",
+                ]
+            }
+            found = await _call(
+                "looking for the task's container",
+                self._client.api.containers,
+                all=True,
+                filters=filters,
+            )
+            for entry in found:
+                if self._claim(entry, image_id):
+                    self.container_id = entry["Id"]
+                    self.container_name = (entry.get("Names") or [""])[0].lstrip("/")
+                    self.reused = True
+                    return
+        labels = {
+            **config.labels,
+            LABEL_MANAGED: "1",
+            LABEL_TASK: self.task_id,
+            LABEL_CONFIG: config_hash,
+            **owner_labels(),
+        }
+        if config.persist:
+            labels[LABEL_PERSIST] = "1"
+        name = f"hermes-sandbox-{_slug(self.task_id)}-{secrets.token_hex(3)}"
+        client, options = self._client, self._create_options()
+
+        def create_and_start() -> Any:
+            container = client.containers.create(
+                config.image, ["sleep", "infinity"], name=name, labels=labels, **options
+            )
+            try:
+                container.start()
+            except BaseException:  # a container that never ran is no use to anyone
+                try:
+                    container.remove(force=True, v=True)
+                except docker.errors.APIError:
+                    pass
+                raise
+            return container
+
+        container = await _call(f"starting a container from {config.image!r}", create_and_start)
+        self.container_id = str(container.id)
+        self.container_name = name
+        with _SHARED_LOCK:
+            _SHARED[self.container_id] = 1
+
+    def _claim(self, entry: Mapping[str, Any], image_id: str) -> bool:
+        """Whether a container found for the task may be used: it runs our image, and
+        it is persistent or already in use by this process (another live process would
+        remove it under us when it closes)."""
+        if entry.get("State") != "running":
+            return False
+        if entry.get("ImageID") and _short_id(entry["ImageID"]) != _short_id(image_id):
+            return False
+        labels = entry.get("Labels") or {}
+        with _SHARED_LOCK:
+            if entry["Id"] in _SHARED:
+                _SHARED[entry["Id"]] += 1
+                return True
+            if labels.get(LABEL_PERSIST) == "1":
+                _SHARED[entry["Id"]] = 1
+                return True
+        return False
+
+    def _create_options(self) -> dict[str, Any]:
+        config = self.config
+        tmpfs = {"/tmp": f"rw,size={config.tmp_size},mode=1777"}
+        targets = {m.target for m in config.mounts}
+        if config.host_socket_dir:
+            targets.add(config.host_socket_dir)
+        if config.workdir not in targets and config.workdir != "/tmp":
+            mode = "1777" if config.user else "755"
+            tmpfs[config.workdir] = f"rw,size={config.workdir_size},mode={mode}"
+        mounts = [
+            docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
+            for m in config.mounts
+        ]
+        if config.host_socket_dir:
+            mounts.append(
+                docker.types.Mount(
+                    config.host_socket_dir, config.host_socket_dir, type="bind", read_only=False
+                )
+            )
+        options: dict[str, Any] = {
+            "init": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "read_only": config.read_only_root,
+            "tmpfs": tmpfs,
+            "mounts": mounts,
+            "working_dir": config.workdir,
+        }
+        if not config.network:
+            options["network_mode"] = "none"
+        if config.user:
+            options["user"] = config.user
+        if config.pids_limit is not None:
+            options["pids_limit"] = config.pids_limit
+        if config.memory is not None:
+            options["mem_limit"] = config.memory
+            options["memswap_limit"] = config.memory  # no swap on top
+        if config.cpus is not None:
+            options["nano_cpus"] = int(config.cpus * 1e9)
+        return options
+
+    async def aclose(self) -> None:
+        """Remove the container (unless persistent, or still used by another
+        environment of this process) and disconnect. Idempotent; not cancellable."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            client, self._client = self._client, None
+            container_id, self.container_id = self.container_id, None
+            if client is None:
+                return
+            try:
+                if container_id is not None and self._release_share(container_id):
+                    try:
+                        await anyio.to_thread.run_sync(
+                            functools.partial(
+                                client.api.remove_container, container_id, force=True, v=True
+                            )
+                        )
+                    except docker.errors.NotFound:
+                        pass
+                    except (
+                        docker.errors.DockerException,
+                        requests.exceptions.RequestException,
+                    ) as exc:
+                        # Not raised: aclose runs in finally blocks. The reaper takes the
+                        # container once this process is gone.
+                        log.warning(
+                            "could not remove container %s: %s", container_id, _engine_message(exc)
+                        )
+            finally:
+                await anyio.to_thread.run_sync(client.close)
+
+    def _release_share(self, container_id: str) -> bool:
+        """Drop this environment's use of the container; True if it should go now."""
+        with _SHARED_LOCK:
+            users = _SHARED.get(container_id, 1) - 1
+            if users > 0:
+                _SHARED[container_id] = users
+                return False
+            _SHARED.pop(container_id, None)
+        return not self.config.persist
+
+    def _require_started(self) -> str:
+        if self.container_id is None:
+            state = "closed" if self._closed else "not started"
+            raise EnvironmentFailure(f"the docker environment is {state}")
+        return self.container_id
+
+    # -- processes -------------------------------------------------------------------------
+
+    async def open_exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> DockerExecStream:
+        """Start ``argv`` in the container with stdin and stdout as one stream.
+
+        A ``cwd`` that does not exist, or an ``argv[0]`` not found, is reported the way
+        the engine reports it: exit code 126/127 from :meth:`DockerExecStream.wait` and
+        the engine's message in ``stderr_tail``.
+        """
+        return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True)
+
+    async def _open_exec(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: bool,
+    ) -> DockerExecStream:
+        container_id = self._require_started()
+        client = self._client
+        merged = {**self._env, **(env or {})}
+
+        def begin() -> tuple[str, Any]:
+            exec_id = client.api.exec_create(
+                container_id,
+                argv,
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                environment=[f"{k}={v}" for k, v in merged.items()],
+                workdir=cwd,
+                user=self.config.user or "",
+            )["Id"]
+            return exec_id, client.api.exec_start(exec_id, socket=True)
+
+        exec_id, raw = await _call(f"starting {argv[0]!r} in the container", begin)
+        sock, pending = _exec_socket_stream(raw)
+        transport: anyio.abc.ByteStream
+        plain = isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)
+        if plain and not self.threaded_io and hasattr(anyio.abc.SocketStream, "from_socket"):
+            transport = await anyio.abc.SocketStream.from_socket(sock)
+        else:
+            transport = _ThreadedSocketStream(sock)
+
+        def release() -> None:
+            # The response first: closing it closes its buffered reader, which must
+            # still find the socket's file object open.
+            for thing in (getattr(raw, "_response", None), raw):
+                if thing is not None and hasattr(thing, "close"):
+                    try:
+                        thing.close()
+                    except (OSError, ValueError):
+                        pass
+
+        async def inspect() -> Any:
+            return await _call("asking about an exec", client.api.exec_inspect, exec_id)
+
+        return DockerExecStream(transport, inspect, release, pending)
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+    ) -> SandboxProcess:
+        raise SpawnNotAvailable("spawn needs the relay transport; use open_exec_stream")
+
+    async def execute(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_COMMAND_OUTPUT,
+    ) -> CommandResult:
+        """Run ``command`` with /bin/sh in the container, output combined and capped.
+
+        On timeout every process the command started is killed inside the container
+        (SIGTERM, then SIGKILL after ``kill_grace``) and the exit code is 124.
+        Raises FileNotFoundError (and other OSErrors) for a bad ``cwd``,
+        EnvironmentFailure if the launcher cannot run (no Python in the image).
+        """
+        token = secrets.token_hex(12)
+        argv = [self.python, "-c", _HELPER, "run", token, str(self.kill_grace), cwd or "", command]
+        output = HeadTailBuffer(max_output_bytes)
+        stream = await self._open_exec(argv, env=None, cwd=None, stdin=False)
+        deadline = anyio.move_on_after(timeout)
+        finished = False
+        try:
+            with deadline:
+                async for chunk in stream:
+                    output.feed(chunk)
+                finished = True
+            if deadline.cancelled_caught:
+                with anyio.CancelScope(shield=True):
+                    await self._kill_command(token)
+                    with anyio.move_on_after(_DRAIN_SECONDS):
+                        async for chunk in stream:  # what was written before the kill
+                            output.feed(chunk)
+            else:
+                exit_code = await stream.wait()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise EnvironmentFailure(
+                f"the exec stream broke while running a command: {exc}"
+            ) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not finished and not deadline.cancelled_caught:
+                    await self._kill_command(token)  # the caller was cancelled
+                await stream.aclose()
+        text = output.getvalue().decode("utf-8", "replace")
+        if output.truncated:
+            text = (
+                output.head().decode("utf-8", "replace")
+                + f"\n... [{output.omitted} bytes of output omitted] ...\n"
+                + output.tail().decode("utf-8", "replace")
+            )
+        if deadline.cancelled_caught:
+            return CommandResult(text, TIMEOUT_EXIT_CODE, timed_out=True)
+        _raise_helper_failure(stream.stderr_tail, exit_code, self.python, "run a command")
+        return CommandResult(text, exit_code)
+
+    async def _kill_command(self, token: str) -> None:
+        """Kill, inside the container, every process carrying the command's marker."""
+        try:
+            await self._helper("kill", token, str(self.kill_grace))
+        except (BackendError, OSError) as exc:
+            log.warning("could not kill a command's processes: %s", exc)
+
+    async def _helper(self, verb: str, *args: str, data: bytes | None = None) -> bytes:
+        """Run the helper in the container; return its stdout, raise what it reports."""
+        argv = [self.python, "-c", _HELPER, verb, *args]
+        stream = await self._open_exec(argv, env=None, cwd=None, stdin=data is not None)
+        out = bytearray()
+        try:
+            if data is not None:
+                await stream.send(data)
+                await stream.send_eof()
+            async for chunk in stream:
+                out += chunk
+            code = await stream.wait()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise EnvironmentFailure(f"the exec stream broke during {verb}: {exc}") from exc
+        finally:
+            await stream.aclose()
+        _raise_helper_failure(stream.stderr_tail, code, self.python, verb)
+        return bytes(out)
+
+    # -- files -----------------------------------------------------------------------------
+
+    async def stat(self, path: str) -> FileStat:
+        kind, size, real = (await self._helper("stat", path)).decode().split("\t")
+        return FileStat(_unhex(real), cast(FileKind, kind), int(size))
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        return await self._helper("read", path, str(-1 if max_bytes is None else max_bytes))
+
+    async def write_bytes(
+        self, path: str, data: bytes, *, make_parents: bool = True, mode: int | None = None
+    ) -> None:
+        mode_text = "" if mode is None else f"{mode:o}"
+        await self._helper("write", path, "1" if make_parents else "0", mode_text, data=data)
+
+    async def make_private_dir(self, prefix: str) -> str:
+        return _unhex((await self._helper("mkdtemp", prefix, "/tmp")).decode())
+
+    async def remove_tree(self, path: str) -> None:
+        await self._helper("rmtree", path)
+
+
+def _unhex(text: str) -> str:
+    return bytes.fromhex(text).decode("utf-8", "surrogateescape")
+
+
+class SpawnNotAvailable(BackendNotAvailable, NotImplementedError):
+    """spawn is not built for this backend yet; a BackendError, so callers that report
+    backend errors show it as one line."""
+
+
+def _raise_helper_failure(stderr: bytes, code: int, python: str, doing: str) -> None:
+    """Turn what the helper (or the engine) reported on the exec's stderr into an
+    exception. A command's own output, stderr included, never comes this way: the
+    launcher sends it to stdout, so only the launcher, Python and the engine write here."""
+    text = stderr.decode("utf-8", "replace").strip()
+    for line in text.splitlines():
+        if line.startswith(_HELPER_ERROR):
+            name, message, filename = (_unhex(f) for f in line[len(_HELPER_ERROR) :].split("\t"))
+            number = getattr(errno_module, name, None) or errno_module.EIO
+            if not filename:
+                raise OSError(number, message)
+            raise OSError(number, message, filename)
+    if code == 0 or (not text and doing == "run a command"):
+        return  # a command's exit code is its own
+    hint = f" (is {python!r} installed in the image?)" if code in (126, 127) else ""
+    raise EnvironmentFailure(
+        f"could not {doing} in the container: exit code {code}{hint}: {text[-2000:]}"
+    )
+
+
+__all__ = [
+    "DockerConfig",
+    "DockerEnvironment",
+    "DockerExecStream",
+    "Mount",
+    "SpawnNotAvailable",
+    "owner_labels",
+    "reap_orphaned_containers",
+]
