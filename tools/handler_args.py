@@ -30,12 +30,12 @@ def int_arg(
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
     if (low is not None and number < low) or (high is not None and number > high):
         if low is not None and high is not None:
-            bounds = f"between {low} and {high}"
+            bounds = f"between {low:,} and {high:,}"
         elif low is not None:
-            bounds = f"at least {low}"
+            bounds = f"at least {low:,}"
         else:
-            bounds = f"at most {high}"
-        raise ValueError(f"{name} must be {bounds}, got {number}")
+            bounds = f"at most {high:,}"
+        raise ValueError(f"{name} must be {bounds}, got {number:,}")
     return number
 
 

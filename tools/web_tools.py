@@ -89,6 +89,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import anyio
 import anyio.to_thread
 
+from tools.handler_args import int_arg
 from tools.registry import registry, tool_error, tool_result
 
 if TYPE_CHECKING:
@@ -535,21 +536,6 @@ def search_provider_from_env(environ: Mapping[str, str] | None = None) -> Search
     raise NotConfiguredError(f"no web search provider is configured; set one of {names}")
 
 
-def _bounded_int(args: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
-    value = args.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if not low <= number <= high:
-        raise ValueError(f"{name} must be between {low:,} and {high:,}, got {number:,}")
-    return number
-
-
 WEB_SEARCH_SCHEMA = {
     "name": "web_search",
     "description": (
@@ -579,7 +565,7 @@ async def web_search(args: dict[str, Any]) -> str:
         return tool_error("web_search needs a query (a non-empty string)")
     query = query.strip()
     try:
-        limit = _bounded_int(args, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        limit = int_arg(args, "limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
     except ValueError as exc:
         return tool_error(str(exc))
     missing = _missing_libraries_error()
@@ -1228,8 +1214,8 @@ async def web_extract(args: dict[str, Any]) -> str:
             f"too many URLs ({len(urls)}); web_extract reads at most {MAX_URLS} per call"
         )
     try:
-        char_limit = _bounded_int(
-            args, "char_limit", DEFAULT_CHAR_LIMIT, MIN_CHAR_LIMIT, MAX_CHAR_LIMIT
+        char_limit = int_arg(
+            args, "char_limit", DEFAULT_CHAR_LIMIT, low=MIN_CHAR_LIMIT, high=MAX_CHAR_LIMIT
         )
     except ValueError as exc:
         return tool_error(str(exc))
