@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
-import sniffio
 
 from rpc.server import RPCProtocol, RPCServer
 
@@ -26,9 +25,16 @@ MAX_SOCKET_PATH = 107
 BACKLOG = 64
 
 
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # another anyio backend (trio) runs this task
+        return None
+
+
 async def _serve_connection(server: RPCServer, conn: socket.socket) -> None:
-    if sniffio.current_async_library() == "asyncio":
-        loop = asyncio.get_running_loop()
+    loop = _asyncio_loop()
+    if loop is not None:
         _, protocol = await loop.connect_accepted_socket(lambda: RPCProtocol(server), conn)
         await protocol.run()
     else:
