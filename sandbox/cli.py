@@ -289,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where the script runs: {', '.join(BACKENDS)} (default: the config's, else local)",
     )
     run.add_argument(
+        "--transport",
+        choices=["auto", "unix", "relay"],
+        default="auto",
+        help="how tool calls reach the host: the fastest that works (auto), a Unix "
+        "socket, or the stream relay over the backend's exec stream",
+    )
+    run.add_argument(
         "--image",
         metavar="IMAGE",
         help="container image for the docker backend (a python3 with its standard library)",
@@ -393,6 +400,7 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         workspace_root=config.workspace_root,
         approval=_approval_policy(args, config),
         backend_options=backend_options,
+        transport=args.transport,
     )
 
 

@@ -342,3 +342,20 @@ def test_missing_working_directory(tmp_path, write):
 def test_timeout_must_be_positive(tmp_path, write):
     write("script.py", "print(1)\n")
     assert_usage_error(cli("run", "script.py", "--timeout", "0", cwd=tmp_path), "timeout")
+
+
+@pytest.mark.parametrize("transport", ["unix", "relay"])
+def test_transport_can_be_forced(tmp_path, write, transport):
+    write("script.py", "from hermes_tools import terminal\nprint(terminal('echo via')['output'])")
+    done = cli("run", "script.py", "--transport", transport, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["output"] == "via\n\n"
+    assert result["tool_calls_made"] == 1
+
+
+def test_unknown_transport_is_a_usage_error(tmp_path, write):
+    write("script.py", "print(1)\n")
+    done = cli("run", "script.py", "--transport", "pigeon", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "pigeon" in done.stderr and "Traceback" not in done.stderr
