@@ -79,7 +79,7 @@ class Backend:
 
 
 TRANSPORTS = (
-    Transport("unix", "Unix socket"),
+    Transport("unix", "Unix socket", {"transport": "unix"}),
     Transport("relay", "stream relay", {"transport": "relay"}),
     Transport("files", "files", {"transport": "files"}),
 )
