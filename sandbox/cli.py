@@ -27,7 +27,7 @@ from tools import (
     ToolModuleError,
     ToolsetError,
     load_builtin_tools,
-    load_tools_module,
+    load_tools,
     registry,
     tools_for_run,
 )
@@ -81,7 +81,7 @@ def _load_tools(modules: Sequence[str]) -> None:
     load_builtin_tools()
     for spec in modules:
         try:
-            load_tools_module(spec)
+            load_tools(spec)
         except ToolModuleError as exc:
             raise CLIError(str(exc)) from None
 
@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE (dotted name or .py path) that registers extra tools; repeatable",
+        help="import MODULE (dotted name, .py path, or a directory of tool files) that "
+        "registers extra tools; repeatable",
     )
     tool_args.add_argument(
         "--config",

@@ -359,3 +359,22 @@ def test_unknown_transport_is_a_usage_error(tmp_path, write):
     done = cli("run", "script.py", "--transport", "pigeon", cwd=tmp_path)
     assert done.returncode == 2
     assert "pigeon" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_tools_module_can_be_a_directory_of_tool_files(tmp_path, write):
+    (tmp_path / "mytools").mkdir()
+    write(
+        "mytools/triple.py",
+        "from tools import registry, tool_result\n"
+        "registry.register(name='triple', toolset='math',\n"
+        "    handler=lambda args: tool_result(value=args['x'] * 3),\n"
+        "    schema={'name': 'triple', 'description': 'Triple x.', 'parameters': {\n"
+        "        'type': 'object', 'properties': {'x': {'type': 'number'}},\n"
+        "        'required': ['x']}})\n",
+    )
+    # a helper beside it that registers nothing must not even be imported
+    write("mytools/notes.py", "raise SystemExit('a helper module was imported')\n")
+    write("script.py", "from hermes_tools import triple\nprint(triple(4)['value'])\n")
+    done = cli("run", "script.py", "--tools-module", "mytools", "--tools", "triple", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "12\n"

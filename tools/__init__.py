@@ -3,7 +3,7 @@ the ``@tool`` decorator, and the built-in sandbox tools."""
 
 from tools.decorator import tool
 from tools.discovery import discover_builtin_tools, discover_package, discover_tools_directory
-from tools.loader import ToolModuleError, load_builtin_tools, load_tools_module
+from tools.loader import ToolModuleError, load_builtin_tools, load_tools, load_tools_module
 from tools.registry import (
     ToolContext,
     ToolEntry,
@@ -37,6 +37,7 @@ __all__ = [
     "discover_package",
     "discover_tools_directory",
     "load_builtin_tools",
+    "load_tools",
     "load_tools_module",
     "registry",
     "resolve_toolset",

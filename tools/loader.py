@@ -88,3 +88,16 @@ def load_tools_module(spec: str) -> ModuleType:
 
         discover_package(module)
     return module
+
+
+def load_tools(spec: str) -> list[ModuleType]:
+    """What ``--tools-module`` names: a directory of tool files (each module in it that
+    registers tools), or one module by dotted name or file path (:func:`load_tools_module`).
+
+    Raises :class:`ToolModuleError` with the reason when it cannot be loaded.
+    """
+    if os.path.isdir(spec):
+        from tools.discovery import discover_tools_directory
+
+        return discover_tools_directory(spec)
+    return [load_tools_module(spec)]
