@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +56,48 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def run_host_and_client(
+    module: str,
+    where: str,
+    *,
+    calls: int,
+    callers: int,
+    warmup: int,
+    tool: str,
+    size: int,
+    timeout: float,
+) -> dict[str, Any]:
+    """Start ``module``'s host on ``where`` (a socket path or a directory), wait for its
+    "ready" line, run its timing client against it and return the client's figures."""
+    env = child_env(BENCH_RPC_TOKEN=secrets.token_urlsafe(32))
+    host = subprocess.Popen(
+        module_argv(module, "host", where), env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE
+    )
+    try:
+        assert host.stdout is not None
+        if host.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the {module} host did not start")
+        argv = module_argv(module, "client", where, "--calls", calls, "--callers", callers)
+        argv += ["--warmup", str(warmup), "--tool", tool, "--size", str(size)]
+        return run_client(argv, env, timeout)
+    finally:
+        stop(host)
+        if host.stdout is not None:
+            host.stdout.close()
+
+
+def parse_roles(module: str, where: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a baseline module: ``host WHERE`` or ``client WHERE ...``."""
+    parser = argparse.ArgumentParser(prog=module)
+    sub = parser.add_subparsers(dest="role", required=True)
+    sub.add_parser("host").add_argument(where)
+    client = sub.add_parser("client")
+    client.add_argument(where)
+    client.add_argument("--calls", type=int, required=True)
+    client.add_argument("--callers", type=int, default=1)
+    client.add_argument("--warmup", type=int, default=0)
+    client.add_argument("--tool", default="echo")
+    client.add_argument("--size", type=int, default=0)
+    return parser.parse_args(argv)

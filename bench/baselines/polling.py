@@ -20,16 +20,14 @@ import argparse
 import hmac
 import json
 import os
-import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from typing import Any
 
-from bench.baselines._process import REPO_ROOT, child_env, module_argv, run_client, stop
+from bench.baselines._process import parse_roles, run_host_and_client
 from bench.timing import time_calls
 from bench.workload import HOST_TOOLS, call_spec
 
@@ -139,36 +137,23 @@ def run(
 ) -> dict[str, Any]:
     """Start a scanning host and a polling client; return the client's figures."""
     workdir = tempfile.mkdtemp(prefix="bench-poll-")
-    env = child_env(BENCH_RPC_TOKEN=secrets.token_urlsafe(32))
-    host = subprocess.Popen(
-        module_argv(MODULE, "host", workdir), env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE
-    )
     try:
-        assert host.stdout is not None
-        if host.stdout.readline().strip() != b"ready":
-            raise RuntimeError("the polling host did not start")
-        argv = module_argv(MODULE, "client", workdir, "--calls", calls, "--callers", callers)
-        argv += ["--warmup", str(warmup), "--tool", tool, "--size", str(size)]
-        return run_client(argv, env, timeout)
+        return run_host_and_client(
+            MODULE,
+            workdir,
+            calls=calls,
+            callers=callers,
+            warmup=warmup,
+            tool=tool,
+            size=size,
+            timeout=timeout,
+        )
     finally:
-        stop(host)
-        if host.stdout is not None:
-            host.stdout.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=MODULE)
-    sub = parser.add_subparsers(dest="role", required=True)
-    sub.add_parser("host").add_argument("dir")
-    client = sub.add_parser("client")
-    client.add_argument("dir")
-    client.add_argument("--calls", type=int, required=True)
-    client.add_argument("--callers", type=int, default=1)
-    client.add_argument("--warmup", type=int, default=0)
-    client.add_argument("--tool", default="echo")
-    client.add_argument("--size", type=int, default=0)
-    opts = parser.parse_args(argv)
+    opts = parse_roles(MODULE, "dir", argv)
     if opts.role == "host":
         serve(opts.dir)
     else:
