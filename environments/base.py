@@ -24,6 +24,11 @@ from typing import Any, ClassVar, Literal, Self
 
 import anyio.abc
 
+# What Environment.execute keeps of a command's output, and the exit code of a command
+# killed for its timeout (as coreutils' timeout reports it).
+DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
+TIMEOUT_EXIT_CODE = 124
+
 FileKind = Literal["file", "directory", "char_device", "block_device", "fifo", "socket", "other"]
 
 
@@ -94,6 +99,9 @@ class Environment(abc.ABC):
     # Whether scripts here see the host's own files and variables (the local backend):
     # the runner then starts from the host's scrubbed environment and working directory.
     shares_host: ClassVar[bool] = False
+    # Whether spawn works here; where it does not, the runtime starts scripts through
+    # the stream relay over open_exec_stream instead.
+    can_spawn: ClassVar[bool] = True
 
     @classmethod
     def for_run(
@@ -116,10 +124,24 @@ class Environment(abc.ABC):
             kwargs["python"] = python
         return cls(**kwargs)
 
+    @classmethod
+    def availability(cls, settings: Mapping[str, Any]) -> str | None:
+        """Why this backend cannot be used on this machine with ``settings``, or None
+        when it can as far as can be told without starting anything (an SDK installed,
+        an engine answering, an executable found, credentials present). Quick: no
+        sandbox is made. For ``hermes-sandbox backends``."""
+        return None
+
     @property
     def default_cwd(self) -> str:
         """Where scripts and commands start when the caller names no directory."""
         return "/"
+
+    @property
+    def home(self) -> str | None:
+        """The home directory of the user scripts run as *in this environment* (what
+        ``~`` means to a tool called from a script); None while not known."""
+        return None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -141,11 +163,13 @@ class Environment(abc.ABC):
     async def aclose(self) -> None:
         """Stop it and remove everything it started. Idempotent."""
 
-    def host_socket_path(self, directory: str, name: str) -> str | None:
-        """A path for a Unix socket that the host can listen on and processes in this
-        environment can connect to at the same path, for a socket named ``name`` in
-        ``directory`` (a directory this environment made); None when there is none, as
-        on a remote host. The runtime then carries tool calls over the relay instead."""
+    @property
+    def shared_directory(self) -> str | None:
+        """A directory that this process (the host) and the environment both see at the
+        same path, or None when there is none (a remote host, a container without the
+        bind mount). Only known once started. The runtime then stages a run in it and
+        can serve tool calls over a Unix socket or files there; otherwise it uses the
+        stream relay."""
         return None
 
     @property
@@ -178,8 +202,9 @@ class Environment(abc.ABC):
         """Write (replace) a file, creating parent directories if asked."""
 
     @abc.abstractmethod
-    async def make_private_dir(self, prefix: str) -> str:
-        """Create a fresh directory only the environment's user can enter (mode 0700)."""
+    async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
+        """Create a fresh directory only the environment's user can enter (mode 0700),
+        in ``parent`` or the environment's scratch directory."""
 
     @abc.abstractmethod
     async def remove_tree(self, path: str) -> None:

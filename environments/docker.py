@@ -12,8 +12,8 @@ namespace of the process that created it): :func:`reap_orphaned_containers` remo
 containers whose owner died on this host without cleaning up, and every start runs
 it. :meth:`DockerEnvironment.aclose` removes the container unless it is persistent.
 
-Commands. Every command runs under a small stdlib launcher (``_HELPER`` below, run by
-the image's Python) that starts it in a new session with a fresh marker variable in
+Commands. Every command runs under a small stdlib launcher (environments/helper.py,
+run by the image's Python) that starts it in a new session with a fresh marker variable in
 its environment. The processes of a command are found by that marker inside the
 container, so a timeout kills them there, not just the exec client on the host (the
 reference's weakness); what a finished command leaves in the background is killed
@@ -32,7 +32,6 @@ translated to :mod:`environments.errors` at this boundary and never leak.
 from __future__ import annotations
 
 import dataclasses
-import errno as errno_module
 import functools
 import hashlib
 import json
@@ -40,29 +39,25 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import socket
 import ssl
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.abc
 import psutil
 
 from environments.base import (
-    CommandResult,
-    Environment,
     ExecStream,
-    FileKind,
-    FileStat,
-    SandboxProcess,
 )
-from environments.capture import HeadTailBuffer
-from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
-from environments.local import DEFAULT_MAX_COMMAND_OUTPUT, TIMEOUT_EXIT_CODE
+from environments.errors import BackendNotAvailable, EnvironmentFailure
+from environments.helper import HelperEnvironment
 
 try:
     import docker
@@ -86,14 +81,14 @@ LABEL_MANAGED = "hermes-sandbox.managed"  # "1" on every container this backend 
 LABEL_TASK = "hermes-sandbox.task"
 LABEL_CONFIG = "hermes-sandbox.config"  # hash of the settings the container was made with
 LABEL_PERSIST = "hermes-sandbox.persist"  # "1": kept by aclose, never reaped
+LABEL_SHARED = "hermes-sandbox.shared-dir"  # the host directory mounted at the same path
+LABEL_SHARED_MADE = "hermes-sandbox.shared-dir-made"  # "1": made for it, removed with it
 LABEL_OWNER_PID = "hermes-sandbox.owner-pid"
 LABEL_OWNER_START = "hermes-sandbox.owner-start"  # the owner's start time: pids get reused
 LABEL_OWNER_BOOT = "hermes-sandbox.owner-boot-id"
 LABEL_OWNER_PIDNS = "hermes-sandbox.owner-pidns"  # pids mean nothing across namespaces
 
-_HELPER_ERROR = "HERMES-SANDBOX-ERROR "
 _STDERR_TAIL = 8192
-_DRAIN_SECONDS = 1.0
 _MEMORY_RE = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
 
 
@@ -155,9 +150,12 @@ class DockerConfig:
     workdir: str = "/workspace"  # a tmpfs (unless a mount lands there); commands start here
     workdir_size: str = "512m"
     mounts: tuple[Mount, ...] = ()
-    # A host directory bind-mounted read-write at the same path inside, so a Unix
-    # socket the host listens on there is reachable from the container.
-    host_socket_dir: str | None = None
+    # A host directory bind-mounted read-write at the same path inside, where runs
+    # are staged so that tool calls take a Unix socket (or files) there instead of
+    # the relay. "auto": a private directory made for the container (and removed with
+    # it) when the engine runs on this host (reached over a unix:// socket); a path:
+    # that directory, the caller's; None (or "none"): none, every run uses the relay.
+    shared_dir: str | None = "auto"
     labels: Mapping[str, str] = field(default_factory=dict)
     persist: bool = False  # keep the container after aclose (and never reap it)
     docker_host: str | None = field(default_factory=_default_docker_host)
@@ -174,7 +172,10 @@ class DockerConfig:
             raise ValueError(f"cpus must be > 0, got {self.cpus}")
         if self.pids_limit is not None and self.pids_limit < 1:
             raise ValueError(f"pids_limit must be >= 1, got {self.pids_limit}")
-        for path in (self.workdir, self.host_socket_dir, *(m.target for m in self.mounts)):
+        if self.shared_dir in ("", "none"):
+            object.__setattr__(self, "shared_dir", None)
+        shared = None if self.shared_dir in (None, "auto") else self.shared_dir
+        for path in (self.workdir, shared, *(m.target for m in self.mounts)):
             if path is not None and not path.startswith("/"):
                 raise ValueError(f"paths inside the container must be absolute, got {path!r}")
         reserved = [key for key in self.labels if key.startswith(LABEL_PREFIX)]
@@ -204,211 +205,6 @@ class DockerConfig:
         settings["image_id"] = _short_id(image_id)
         text = json.dumps(settings, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-# -- the helper that runs inside the container ---------------------------------------
-# Run with the image's Python (3.6+) as ``python3 -c HELPER VERB ARGS``. It imports
-# only modules that even Debian's python3-minimal has (no json, shutil, tempfile).
-# Data goes to stdout. A failed file operation is one line on stderr: _HELPER_ERROR,
-# then the errno name, the message and the file name, each hex-encoded UTF-8, joined
-# by tabs; the host raises the same OSError subclass (see _raise_helper_failure).
-
-_HELPER = r"""
-import errno, os, signal, stat, sys, time
-
-MARK = "HERMES_SANDBOX_EXEC"
-
-
-def hexed(text):
-    return str(text).encode("utf-8", "surrogateescape").hex()
-
-
-def fail(exc):
-    fields = (errno.errorcode.get(exc.errno or 0, ""), exc.strerror or str(exc),
-              "" if exc.filename is None else exc.filename)
-    line = "HERMES-SANDBOX-ERROR " + "\t".join(hexed(f) for f in fields) + "\n"
-    os.write(2, line.encode())
-    os._exit(125)
-
-
-def others():
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
-            yield int(name)
-
-
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
-def members(entry, own_sid):
-    # The command's processes: those carrying the marker, and every process in a
-    # session one of them is in (a child may have scrubbed its environment).
-    found, sids = set(), set()
-    for pid in others():
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                if entry in f.read().split(b"\0"):
-                    found.add(pid)
-                    sids.add(os.getsid(pid))
-        except OSError:
-            pass
-    sids.discard(own_sid)
-    if sids:
-        for pid in others():
-            try:
-                if os.getsid(pid) in sids:
-                    found.add(pid)
-            except OSError:
-                pass
-    return set(pid for pid in found if alive(pid))
-
-
-def send(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
-def sweep(token, grace):
-    entry = (MARK + "=" + token).encode()
-    own = os.getsid(0)
-    targets = members(entry, own)
-    if targets and grace > 0:
-        send(targets, signal.SIGTERM)
-        send(targets, signal.SIGCONT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(alive(p) for p in targets):
-            time.sleep(0.01)
-    for _ in range(200):  # until nothing is left, however fast they fork
-        targets = members(entry, own)
-        if not targets:
-            return
-        send(targets, signal.SIGKILL)
-        time.sleep(0.005)
-
-
-def run(token, grace, cwd, command):
-    if cwd:
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            fail(exc)
-    env = dict(os.environ)
-    env[MARK] = token
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            os.dup2(1, 2)
-            os.execve("/bin/sh", ["/bin/sh", "-c", command], env)
-        except OSError as exc:
-            os.write(2, ("cannot run /bin/sh: %s\n" % exc).encode())
-        os._exit(127)
-    status = os.waitpid(pid, 0)[1]
-    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    sweep(token, grace)  # what the command left in the background
-    sys.exit(code)
-
-
-def kind_of(mode):
-    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"),
-                       (stat.S_ISCHR, "char_device"), (stat.S_ISBLK, "block_device"),
-                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return name
-    return "other"
-
-
-def remove_tree(path):
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            full = os.path.join(root, name)
-            try:
-                if os.path.islink(full):
-                    os.unlink(full)
-                else:
-                    os.rmdir(full)
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def make_private_dir(prefix, parent):
-    while True:
-        path = os.path.join(parent, prefix + os.urandom(6).hex())
-        try:
-            os.mkdir(path, 0o700)
-            return path
-        except FileExistsError:
-            continue
-
-
-def main(verb, args):
-    if verb == "run":
-        return run(args[0], float(args[1]), args[2], args[3])
-    if verb == "kill":
-        return sweep(args[0], float(args[1]))
-    out = sys.stdout.buffer
-    try:
-        if verb == "stat":
-            st = os.stat(args[0])
-            real = os.path.realpath(args[0])
-            out.write(("%s\t%d\t%s" % (kind_of(st.st_mode), st.st_size, hexed(real))).encode())
-        elif verb == "read":
-            left = int(args[1])
-            with open(args[0], "rb") as f:
-                while left != 0:
-                    chunk = f.read(65536 if left < 0 else min(65536, left))
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    left -= len(chunk) if left > 0 else 0
-        elif verb == "write":
-            path, parents, mode = args[0], args[1] == "1", args[2]
-            data = sys.stdin.buffer.read()
-            if parents:
-                parent = os.path.dirname(os.path.abspath(path))
-                if not os.path.isdir(parent):
-                    os.makedirs(parent)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode or "644", 8))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            if mode:
-                os.chmod(path, int(mode, 8))
-        elif verb == "mkdtemp":
-            out.write(hexed(make_private_dir(args[0], args[1])).encode())
-        elif verb == "rmtree":
-            remove_tree(args[0])
-        else:
-            raise SystemExit("unknown verb " + verb)
-    except OSError as exc:
-        fail(exc)
-
-
-main(sys.argv[1], sys.argv[2:])
-"""
 
 
 # -- the engine's multiplexed stream ---------------------------------------------------
@@ -668,6 +464,25 @@ def _owner_gone(labels: Mapping[str, str]) -> bool:
         return False
 
 
+def _make_shared_dir(user: str | None) -> str:
+    """A fresh host directory for one container's shared directory: ``<private>/s``,
+    where ``<private>`` is 0700 (no other host user can reach in) and ``s`` is what is
+    mounted, writable by the container's user (0700 for root, else 1777: the
+    container's user may have any uid)."""
+    private = tempfile.mkdtemp(prefix="hermes-sandbox-shared-")
+    inner = os.path.join(private, "s")
+    os.mkdir(inner)
+    os.chmod(inner, 0o1777 if user else 0o700)
+    return inner
+
+
+def _remove_shared_dir(labels: Mapping[str, str]) -> None:
+    """Remove the shared directory made for a container (not a caller's own)."""
+    path = labels.get(LABEL_SHARED)
+    if path and labels.get(LABEL_SHARED_MADE) == "1":
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def _reap(client: Any) -> list[str]:
     """Remove this runtime's containers whose owner died on this host; blocking."""
     boot_id, _ = _host_identity()
@@ -684,6 +499,7 @@ def _reap(client: Any) -> list[str]:
         except docker.errors.APIError as exc:  # gone already, or being removed by another
             log.debug("not reaping %s: %s", entry["Id"][:12], _engine_message(exc))
             continue
+        _remove_shared_dir(labels)
         names = entry.get("Names") or [entry["Id"][:12]]
         removed.append(names[0].lstrip("/"))
     if removed:
@@ -810,7 +626,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.")[:40] or "task"
 
 
-class DockerEnvironment(Environment):
+class DockerEnvironment(HelperEnvironment):
     """A container of the task's own (see the module docstring).
 
     ``config`` says which image and how locked down; ``env`` holds variables every
@@ -823,6 +639,7 @@ class DockerEnvironment(Environment):
     """
 
     name: ClassVar[str] = "docker"
+    where: ClassVar[str] = "in the container"
 
     def __init__(
         self,
@@ -841,6 +658,7 @@ class DockerEnvironment(Environment):
         self.container_id: str | None = None
         self.container_name: str | None = None
         self.reused = False  # start() attached to a container that was already running
+        self._labels: dict[str, str] = {}  # the container's own labels
         self._closed = False
         self.threaded_io = False  # use threads for exec sockets even where not needed
 
@@ -865,9 +683,36 @@ class DockerEnvironment(Environment):
     def python(self) -> str:
         return self._python
 
+    @classmethod
+    def availability(cls, settings: Mapping[str, Any]) -> str | None:
+        if docker is None:
+            return SDK_MISSING
+        try:
+            config = DockerConfig.from_mapping(settings)
+        except (TypeError, ValueError) as exc:
+            return f"bad settings: {exc}"
+        host = config.docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
+        if host.startswith("unix://"):
+            try:
+                _probe_unix_socket(host[len("unix://") :])
+            except OSError as exc:
+                return (
+                    f"no container engine answers at {_shown(config.docker_host)} "
+                    f"({exc.strerror or exc}): start Docker, or run scripts/podman-service"
+                )
+        return None
+
     @property
     def default_cwd(self) -> str:
         return self.config.workdir
+
+    @property
+    def shared_directory(self) -> str | None:
+        return self._labels.get(LABEL_SHARED) or None
+
+    def _engine_is_local(self) -> bool:
+        host = self.config.docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
+        return host.startswith("unix://")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -936,6 +781,7 @@ class DockerEnvironment(Environment):
                 if self._claim(entry, image_id):
                     self.container_id = entry["Id"]
                     self.container_name = (entry.get("Names") or [""])[0].lstrip("/")
+                    self._labels = dict(entry.get("Labels") or {})
                     self.reused = True
                     return
         labels = {
@@ -947,8 +793,14 @@ class DockerEnvironment(Environment):
         }
         if config.persist:
             labels[LABEL_PERSIST] = "1"
+        if config.shared_dir == "auto":
+            if self._engine_is_local():
+                labels[LABEL_SHARED] = _make_shared_dir(config.user)
+                labels[LABEL_SHARED_MADE] = "1"
+        elif config.shared_dir:
+            labels[LABEL_SHARED] = config.shared_dir
         name = f"hermes-sandbox-{_slug(self.task_id)}-{secrets.token_hex(3)}"
-        client, options = self._client, self._create_options()
+        client, options = self._client, self._create_options(labels.get(LABEL_SHARED))
 
         def create_and_start() -> Any:
             container = client.containers.create(
@@ -964,7 +816,12 @@ class DockerEnvironment(Environment):
                 raise
             return container
 
-        container = await _call(f"starting a container from {config.image!r}", create_and_start)
+        try:
+            container = await _call(f"starting a container from {config.image!r}", create_and_start)
+        except BaseException:
+            _remove_shared_dir(labels)
+            raise
+        self._labels = labels
         self.container_id = str(container.id)
         self.container_name = name
         with _SHARED_LOCK:
@@ -988,12 +845,12 @@ class DockerEnvironment(Environment):
                 return True
         return False
 
-    def _create_options(self) -> dict[str, Any]:
+    def _create_options(self, shared_dir: str | None) -> dict[str, Any]:
         config = self.config
         tmpfs = {"/tmp": f"rw,size={config.tmp_size},mode=1777"}
         targets = {m.target for m in config.mounts}
-        if config.host_socket_dir:
-            targets.add(config.host_socket_dir)
+        if shared_dir:
+            targets.add(shared_dir)
         if config.workdir not in targets and config.workdir != "/tmp":
             mode = "1777" if config.user else "755"
             tmpfs[config.workdir] = f"rw,size={config.workdir_size},mode={mode}"
@@ -1001,12 +858,8 @@ class DockerEnvironment(Environment):
             docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
             for m in config.mounts
         ]
-        if config.host_socket_dir:
-            mounts.append(
-                docker.types.Mount(
-                    config.host_socket_dir, config.host_socket_dir, type="bind", read_only=False
-                )
-            )
+        if shared_dir:
+            mounts.append(docker.types.Mount(shared_dir, shared_dir, type="bind", read_only=False))
         options: dict[str, Any] = {
             "init": True,
             "cap_drop": ["ALL"],
@@ -1055,10 +908,12 @@ class DockerEnvironment(Environment):
                         requests.exceptions.RequestException,
                     ) as exc:
                         # Not raised: aclose runs in finally blocks. The reaper takes the
-                        # container once this process is gone.
+                        # container (and its shared directory) once this process is gone.
                         log.warning(
                             "could not remove container %s: %s", container_id, _engine_message(exc)
                         )
+                    else:
+                        await anyio.to_thread.run_sync(_remove_shared_dir, self._labels)
             finally:
                 await anyio.to_thread.run_sync(client.close)
 
@@ -1145,149 +1000,12 @@ class DockerEnvironment(Environment):
 
         return DockerExecStream(transport, inspect, release, pending)
 
-    async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
-    ) -> SandboxProcess:
-        raise SpawnNotAvailable("spawn needs the relay transport; use open_exec_stream")
-
-    async def execute(
-        self,
-        command: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        max_output_bytes: int = DEFAULT_MAX_COMMAND_OUTPUT,
-    ) -> CommandResult:
-        """Run ``command`` with /bin/sh in the container, output combined and capped.
-
-        On timeout every process the command started is killed inside the container
-        (SIGTERM, then SIGKILL after ``kill_grace``) and the exit code is 124.
-        Raises FileNotFoundError (and other OSErrors) for a bad ``cwd``,
-        EnvironmentFailure if the launcher cannot run (no Python in the image).
-        """
-        token = secrets.token_hex(12)
-        argv = [self.python, "-c", _HELPER, "run", token, str(self.kill_grace), cwd or "", command]
-        output = HeadTailBuffer(max_output_bytes)
-        stream = await self._open_exec(argv, env=None, cwd=None, stdin=False)
-        deadline = anyio.move_on_after(timeout)
-        finished = False
-        try:
-            with deadline:
-                async for chunk in stream:
-                    output.feed(chunk)
-                finished = True
-            if deadline.cancelled_caught:
-                with anyio.CancelScope(shield=True):
-                    await self._kill_command(token)
-                    with anyio.move_on_after(_DRAIN_SECONDS):
-                        async for chunk in stream:  # what was written before the kill
-                            output.feed(chunk)
-            else:
-                exit_code = await stream.wait()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            raise EnvironmentFailure(
-                f"the exec stream broke while running a command: {exc}"
-            ) from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                if not finished and not deadline.cancelled_caught:
-                    await self._kill_command(token)  # the caller was cancelled
-                await stream.aclose()
-        text = output.getvalue().decode("utf-8", "replace")
-        if output.truncated:
-            text = (
-                output.head().decode("utf-8", "replace")
-                + f"\n... [{output.omitted} bytes of output omitted] ...\n"
-                + output.tail().decode("utf-8", "replace")
-            )
-        if deadline.cancelled_caught:
-            return CommandResult(text, TIMEOUT_EXIT_CODE, timed_out=True)
-        _raise_helper_failure(stream.stderr_tail, exit_code, self.python, "run a command")
-        return CommandResult(text, exit_code)
-
-    async def _kill_command(self, token: str) -> None:
-        """Kill, inside the container, every process carrying the command's marker."""
-        try:
-            await self._helper("kill", token, str(self.kill_grace))
-        except (BackendError, OSError) as exc:
-            log.warning("could not kill a command's processes: %s", exc)
-
-    async def _helper(self, verb: str, *args: str, data: bytes | None = None) -> bytes:
-        """Run the helper in the container; return its stdout, raise what it reports."""
-        argv = [self.python, "-c", _HELPER, verb, *args]
-        stream = await self._open_exec(argv, env=None, cwd=None, stdin=data is not None)
-        out = bytearray()
-        try:
-            if data is not None:
-                await stream.send(data)
-                await stream.send_eof()
-            async for chunk in stream:
-                out += chunk
-            code = await stream.wait()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            raise EnvironmentFailure(f"the exec stream broke during {verb}: {exc}") from exc
-        finally:
-            await stream.aclose()
-        _raise_helper_failure(stream.stderr_tail, code, self.python, verb)
-        return bytes(out)
-
-    # -- files -----------------------------------------------------------------------------
-
-    async def stat(self, path: str) -> FileStat:
-        kind, size, real = (await self._helper("stat", path)).decode().split("\t")
-        return FileStat(_unhex(real), cast(FileKind, kind), int(size))
-
-    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        return await self._helper("read", path, str(-1 if max_bytes is None else max_bytes))
-
-    async def write_bytes(
-        self, path: str, data: bytes, *, make_parents: bool = True, mode: int | None = None
-    ) -> None:
-        mode_text = "" if mode is None else f"{mode:o}"
-        await self._helper("write", path, "1" if make_parents else "0", mode_text, data=data)
-
-    async def make_private_dir(self, prefix: str) -> str:
-        return _unhex((await self._helper("mkdtemp", prefix, "/tmp")).decode())
-
-    async def remove_tree(self, path: str) -> None:
-        await self._helper("rmtree", path)
-
-
-def _unhex(text: str) -> str:
-    return bytes.fromhex(text).decode("utf-8", "surrogateescape")
-
-
-class SpawnNotAvailable(BackendNotAvailable, NotImplementedError):
-    """spawn is not built for this backend yet; a BackendError, so callers that report
-    backend errors show it as one line."""
-
-
-def _raise_helper_failure(stderr: bytes, code: int, python: str, doing: str) -> None:
-    """Turn what the helper (or the engine) reported on the exec's stderr into an
-    exception. A command's own output, stderr included, never comes this way: the
-    launcher sends it to stdout, so only the launcher, Python and the engine write here."""
-    text = stderr.decode("utf-8", "replace").strip()
-    for line in text.splitlines():
-        if line.startswith(_HELPER_ERROR):
-            name, message, filename = (_unhex(f) for f in line[len(_HELPER_ERROR) :].split("\t"))
-            number = getattr(errno_module, name, None) or errno_module.EIO
-            if not filename:
-                raise OSError(number, message)
-            raise OSError(number, message, filename)
-    if code == 0 or (not text and doing == "run a command"):
-        return  # a command's exit code is its own
-    hint = f" (is {python!r} installed in the image?)" if code in (126, 127) else ""
-    raise EnvironmentFailure(
-        f"could not {doing} in the container: exit code {code}{hint}: {text[-2000:]}"
-    )
-
 
 __all__ = [
     "DockerConfig",
     "DockerEnvironment",
     "DockerExecStream",
     "Mount",
-    "SpawnNotAvailable",
     "owner_labels",
     "reap_orphaned_containers",
 ]

@@ -4,7 +4,8 @@
 
     BackendError
     ├── BackendNotAvailable     the backend cannot be used here: unknown name, reserved
-    │                           for a later release, or its SDK or engine is missing
+    │   │                       for a later release, or its SDK or engine is missing
+    │   └── SpawnNotAvailable   this backend starts processes only through the relay
     └── EnvironmentFailure      the environment broke while in use (start, exec, I/O)
 """
 
@@ -21,3 +22,8 @@ class BackendNotAvailable(BackendError):
 
 class EnvironmentFailure(BackendError):
     """The environment failed while starting, running a command or moving files."""
+
+
+class SpawnNotAvailable(BackendNotAvailable, NotImplementedError):
+    """The backend cannot start a process with separate output streams itself; the
+    runtime starts scripts there through the stream relay instead."""

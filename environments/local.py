@@ -25,6 +25,8 @@ import anyio.abc
 import psutil
 
 from environments.base import (
+    DEFAULT_MAX_COMMAND_OUTPUT,
+    TIMEOUT_EXIT_CODE,
     CommandResult,
     Environment,
     ExecStream,
@@ -35,8 +37,6 @@ from environments.base import (
 from environments.capture import HeadTailBuffer
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
-DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
-TIMEOUT_EXIT_CODE = 124
 _DRAIN_SECONDS = 1.0
 
 
@@ -70,8 +70,13 @@ class LocalEnvironment(Environment):
     def default_cwd(self) -> str:
         return os.getcwd()
 
-    def host_socket_path(self, directory: str, name: str) -> str | None:
-        return os.path.join(directory, name)  # this machine: every path is the host's
+    @property
+    def home(self) -> str | None:
+        return os.path.expanduser("~")
+
+    @property
+    def shared_directory(self) -> str | None:
+        return tempfile.gettempdir()  # this machine: every path is the host's
 
     async def start(self) -> None:
         return None
@@ -209,8 +214,8 @@ class LocalEnvironment(Environment):
 
         await anyio.to_thread.run_sync(_write)
 
-    async def make_private_dir(self, prefix: str) -> str:
-        return tempfile.mkdtemp(prefix=prefix)  # mkdtemp makes it 0700
+    async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
+        return tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
 
     async def remove_tree(self, path: str) -> None:
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
@@ -271,9 +276,12 @@ class LocalExecStream(ExecStream):
         self._stdin = process.stdin
         self._stdout = process.stdout
         self._stderr = stderr
+        self._final_tail: bytes | None = None  # kept when the file is closed
 
     @property
     def stderr_tail(self) -> bytes:  # type: ignore[override]
+        if self._final_tail is not None:
+            return self._final_tail
         try:
             size = self._stderr.seek(0, os.SEEK_END)
             self._stderr.seek(max(0, size - self._STDERR_TAIL))
@@ -301,7 +309,9 @@ class LocalExecStream(ExecStream):
             if self._process.returncode is None:
                 self._process.kill()
             await self._process.aclose()
-            self._stderr.close()
+            if self._final_tail is None:
+                self._final_tail = self.stderr_tail
+                self._stderr.close()
 
 
 class _EmptyStream(anyio.abc.ByteReceiveStream):

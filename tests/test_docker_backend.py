@@ -21,14 +21,14 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
+from conftest import IMAGE, RUN_ID, TEST_LABEL
 
 import environments.docker as docker_backend
 from environments import BackendNotAvailable, EnvironmentFailure, FileStat, get_environment_class
@@ -39,19 +39,16 @@ from environments.docker import (
     DockerConfig,
     DockerEnvironment,
     Mount,
-    SpawnNotAvailable,
     owner_labels,
     reap_orphaned_containers,
 )
+from environments.errors import SpawnNotAvailable
 
 try:
     import docker
 except ImportError:  # the engine tests skip (or fail under CI) with the reason
     docker = None
 
-IMAGE = os.environ.get("HERMES_SANDBOX_TEST_IMAGE", "hermes-sandbox-python:bookworm")
-TEST_LABEL = "hermes-sandbox-test"
-RUN_ID = uuid.uuid4().hex[:12]
 REPO = Path(__file__).resolve().parent.parent
 
 # A command that lists every process in the container as "pid cmdline", one per line:
@@ -65,56 +62,6 @@ LIST_PROCESSES = (
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-# -- the engine ------------------------------------------------------------------------
-
-
-def _engine_problem() -> str | None:
-    """Why the engine tests cannot run here, or None."""
-    if docker is None:
-        return "the docker SDK is not installed (pip install 'hermes-sandbox[docker]')"
-    host = os.environ.get("DOCKER_HOST") or docker_backend.DEFAULT_DOCKER_SOCKET
-    try:
-        if host.startswith("unix://"):  # the SDK leaks its socket when this fails
-            docker_backend._probe_unix_socket(host[len("unix://") :])
-        client = docker.from_env()
-    except (OSError, docker.errors.DockerException) as exc:
-        return (
-            f"no container engine answers at {host} ({exc}); run scripts/podman-service "
-            "and export the DOCKER_HOST it prints"
-        )
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        return f"the image {IMAGE} is missing; scripts/podman-service builds it"
-    finally:
-        client.close()
-    return None
-
-
-@pytest.fixture(scope="session")
-def engine() -> Iterator[Any]:
-    """A docker SDK client for checking on containers; skips (fails under CI) when the
-    engine or the image is missing. Removes this run's containers at the end."""
-    problem = _engine_problem()
-    if problem is not None:
-        message = f"docker backend tests need a container engine: {problem}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message} (CI=true: CI starts the engine, so this is a failure)")
-        print(f"\nSKIPPED: {message}", file=sys.stderr)
-        pytest.skip(message)
-    client = docker.from_env()
-    try:
-        yield client
-    finally:
-        leftovers = client.api.containers(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"})
-        for entry in leftovers:
-            try:
-                client.api.remove_container(entry["Id"], force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-        client.close()
 
 
 def make_config(**changes: Any) -> DockerConfig:
@@ -592,7 +539,7 @@ async def test_exec_stream_round_trip_latency(env: DockerEnvironment) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_host_socket_dir_reaches_the_host(engine: Any, tmp_path: Path) -> None:
+async def test_a_shared_dir_of_the_callers_reaches_the_host(engine: Any, tmp_path: Path) -> None:
     socket_dir = tmp_path / "sock"
     socket_dir.mkdir()
     path = str(socket_dir / "s")
@@ -617,7 +564,7 @@ async def test_a_host_socket_dir_reaches_the_host(engine: Any, tmp_path: Path) -
         """
     )
     try:
-        async with DockerEnvironment(make_config(host_socket_dir=str(socket_dir))) as environment:
+        async with DockerEnvironment(make_config(shared_dir=str(socket_dir))) as environment:
             await environment.write_bytes("/tmp/client.py", client_code.encode())
             result = await environment.execute("python3 /tmp/client.py")
             assert (result.exit_code, result.output) == (0, "PING\n")

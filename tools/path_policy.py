@@ -139,9 +139,7 @@ class ResolvedPath:
 def _absolute(ctx: ToolContext, path: str) -> str:
     """``path`` joined to the working directory, ``..`` kept for the environment to
     resolve (``link/..`` is the link target's parent, not the link's directory)."""
-    if path.startswith("~"):
-        path = posixpath.expanduser(path)
-    return posixpath.join(ctx.cwd, path)
+    return posixpath.join(ctx.cwd, ctx.expand_user(path))
 
 
 def _is_within(path: str, root: str) -> bool:
@@ -249,19 +247,18 @@ def _outside(verb: str, resolved: ResolvedPath, root: str, ctx: ToolContext) -> 
     )
 
 
-def _home_dirs() -> list[str]:
+def _home_dirs(home: str | None) -> list[str]:
     homes = list(HOME_DIRS)
-    own = posixpath.expanduser("~")  # the host's; also right for the local backend
-    if own.startswith("/") and own != "/":
-        homes.append(_clean(own))
+    if home and home.startswith("/") and home != "/":
+        homes.append(_clean(home))
     return homes
 
 
-def _home_entry(path: str) -> str | None:
+def _home_entry(path: str, home: str | None) -> str | None:
     """The protected home entry ``path`` is or is under, if any."""
     parts = path.strip("/").split("/")
-    for home in _home_dirs():
-        pattern = home.strip("/").split("/")
+    for home_dir in _home_dirs(home):
+        pattern = home_dir.strip("/").split("/")
         if len(parts) <= len(pattern):
             continue
         if not all(p in ("*", part) for p, part in zip(pattern, parts, strict=False)):
@@ -274,15 +271,18 @@ def _home_entry(path: str) -> str | None:
     return None
 
 
-def protected_reason(path: str) -> str | None:
-    """Why writing the absolute, normalised ``path`` is never allowed, or None."""
+def protected_reason(path: str, home: str | None = None) -> str | None:
+    """Why writing the absolute, normalised ``path`` is never allowed, or None.
+
+    ``home`` is the home directory of the environment's user (protected like the
+    usual ones, wherever it is)."""
     name = posixpath.basename(path)
     if path in ENGINE_SOCKETS or name.endswith(ENGINE_SOCKET_SUFFIXES):
         return "it is a container engine's socket (writing to it controls the host)"
     for directory in PROTECTED_SYSTEM_DIRS:
         if _is_within(path, directory):
             return f"it is under {directory}, a protected system directory"
-    entry = _home_entry(path)
+    entry = _home_entry(path, home)
     if entry is not None:
         return f"it is under {entry}, which holds credentials or start-up files"
     return None
@@ -307,7 +307,7 @@ async def resolve_for_write(ctx: ToolContext, path: str) -> ResolvedPath:
     resolved = await resolve_path(ctx, path)
     as_written = _clean(_absolute(ctx, path))
     for candidate in dict.fromkeys((resolved.path, as_written)):
-        reason = protected_reason(candidate)
+        reason = protected_reason(candidate, ctx.environment.home)
         if reason is None:
             continue
         where = _via(resolved, ctx) if candidate == resolved.path else ""

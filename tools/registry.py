@@ -38,6 +38,7 @@ import inspect
 import json
 import logging
 import os
+import posixpath
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -75,11 +76,20 @@ class ToolContext:
     approval: Any = None  # tools.approval.ApprovalPolicy: who may allow a dangerous command
     workspace_root: str | None = None  # file tools may only write below this path
 
-    def resolve(self, path: str) -> str:
-        import posixpath
+    def expand_user(self, path: str) -> str:
+        """``~`` and ``~/...`` with the home of the environment's user (not the host's,
+        unless the environment is the host); other paths unchanged."""
+        if not path.startswith("~"):
+            return path
+        if self.environment.shares_host:
+            return posixpath.expanduser(path)
+        home = self.environment.home
+        if home and (path == "~" or path.startswith("~/")):
+            return home.rstrip("/") + path[1:] if home != "/" else "/" + path[2:]
+        return path
 
-        path = posixpath.expanduser(path) if path.startswith("~") else path
-        return posixpath.normpath(posixpath.join(self.cwd, path))
+    def resolve(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.cwd, self.expand_user(path)))
 
 
 @dataclass(slots=True)
