@@ -1,0 +1,230 @@
+"""Tests for rpc/files.py: the files transport's host side, on a real directory.
+
+The client writes request files by hand (struct and msgpack, no code from rpc/), as a
+script would, from a worker thread while the server runs in the test's event loop.
+Each guarantee the reference lacked is tried: every request gets a reply (malformed,
+oversized, unauthorized ones too), stale files are removed and never run, a request
+sent again under the same key never runs its tool twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import msgpack
+import pytest
+
+from rpc import messages
+from rpc.errors import CallRefused
+from rpc.files import FileChannel, serve_files
+from rpc.messages import Request
+from rpc.server import RPCServer
+
+TOKEN = "files-token"
+REPLY_TIMEOUT = 5.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class CountingHandler:
+    """Counts how often each tool ran; ``slow`` waits until released."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.release = anyio.Event()
+        self.called = anyio.Event()
+
+    async def __call__(self, request: Request) -> str:
+        self.calls.append((request.tool, request.args))
+        self.called.set()
+        if request.tool == "slow":
+            await self.release.wait()
+        if request.tool == "refuse":
+            raise CallRefused(messages.NOT_ALLOWED, "not this one")
+        return json.dumps({"echo": request.args})
+
+
+def frame(message: Any) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def put(directory: Path, key: str, data: bytes) -> None:
+    temporary = directory / f".{key}.tmp"
+    temporary.write_bytes(data)
+    os.rename(temporary, directory / f"{key}.req")
+
+
+def request(tool: str = "echo", token: str = TOKEN, request_id: int = 1, **args: Any) -> bytes:
+    return frame({"id": request_id, "tool": tool, "args": args, "token": token})
+
+
+def wait_reply(directory: Path, key: str) -> dict[str, Any]:
+    path = directory / f"{key}.rep"
+    deadline = time.monotonic() + REPLY_TIMEOUT
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no reply to {key} within {REPLY_TIMEOUT}s")
+        time.sleep(0.001)
+    data = path.read_bytes()
+    path.unlink()
+    (size,) = struct.unpack(">I", data[:4])
+    assert len(data) == 4 + size, "a reply file holds exactly one frame"
+    reply = msgpack.unpackb(data[4:], raw=False)
+    assert isinstance(reply, dict)
+    return reply
+
+
+async def ask(directory: Path, key: str, data: bytes) -> dict[str, Any]:
+    def go() -> dict[str, Any]:
+        put(directory, key, data)
+        return wait_reply(directory, key)
+
+    return await anyio.to_thread.run_sync(go)
+
+
+@asynccontextmanager
+async def serving(
+    directory: Path, handler: CountingHandler, **options: Any
+) -> AsyncIterator[FileChannel]:
+    server = RPCServer(handler, token=TOKEN, **options)
+    async with serve_files(server, str(directory)) as channel:
+        yield channel
+
+
+@pytest.mark.anyio
+async def test_a_call_and_its_reply(tmp_path: Path) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+        reply = await ask(tmp_path, "1-a-1", request(x=1))
+    assert reply == {"id": 1, "result": json.dumps({"echo": {"x": 1}})}
+    assert handler.calls == [("echo", {"x": 1})]
+    assert os.listdir(tmp_path) == []  # the request was taken, the reply collected
+
+
+@pytest.mark.anyio
+async def test_stale_files_are_removed_first_and_never_run(tmp_path: Path) -> None:
+    put(tmp_path, "old-1", request(tool="stale"))
+    (tmp_path / "old-2.rep").write_bytes(b"an earlier run's reply")
+    (tmp_path / ".half-written").write_bytes(b"\x00")
+    handler = CountingHandler()
+    async with serving(tmp_path, handler) as channel:
+        reply = await ask(tmp_path, "new-1", request())
+    assert "result" in reply
+    assert [tool for tool, _ in handler.calls] == ["echo"]
+    assert channel.requests_served == 1
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"", messages.BAD_FRAME),
+        (b"\x00\x00", messages.BAD_FRAME),
+        (b"\x00\x00\x00\x05abc", messages.BAD_FRAME),  # header says more than there is
+        (b"\x00\x00\x00\x01\xc1", messages.BAD_FRAME),  # 0xc1 is never valid msgpack
+        (frame([1, 2, 3]), messages.BAD_FRAME),  # not a map
+        (frame({"id": 3, "tool": "echo", "args": {}}), messages.UNAUTHORIZED),
+        (request(token="wrong"), messages.UNAUTHORIZED),
+        (frame({"id": "x", "tool": "echo", "token": TOKEN}), messages.BAD_REQUEST),
+        (request(tool="refuse"), messages.NOT_ALLOWED),
+    ],
+)
+async def test_every_bad_request_gets_a_reply(tmp_path: Path, data: bytes, kind: str) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+        reply = await ask(tmp_path, "bad-1", data)
+        # ... and the channel goes on serving after it
+        good = await ask(tmp_path, "good-1", request(request_id=9))
+    assert reply["error"]["kind"] == kind, reply
+    assert good["id"] == 9 and "result" in good
+    assert all(tool in ("echo", "refuse") for tool, _ in handler.calls)
+    assert ("echo", {}) not in handler.calls[:-1]  # the unauthorized ones never ran
+
+
+@pytest.mark.anyio
+async def test_an_oversized_request_is_refused_unread(tmp_path: Path) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler, max_frame_size=1024):
+        reply = await ask(tmp_path, "big-1", request(blob="x" * 5000))
+    assert reply["error"]["kind"] == messages.FRAME_TOO_LARGE
+    assert handler.calls == []
+
+
+@pytest.mark.anyio
+async def test_a_repeated_request_never_runs_twice(tmp_path: Path) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+        first = await ask(tmp_path, "7-r-1", request(request_id=1, n=1))
+        again = await ask(tmp_path, "7-r-1", request(request_id=1, n=1))
+    assert first == again
+    assert handler.calls == [("echo", {"n": 1})]
+
+
+@pytest.mark.anyio
+async def test_a_retry_while_the_tool_runs_gets_the_one_answer(tmp_path: Path) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+        await anyio.to_thread.run_sync(put, tmp_path, "slow-1", request(tool="slow"))
+        await handler.called.wait()
+        await anyio.to_thread.run_sync(put, tmp_path, "slow-1", request(tool="slow"))
+        await anyio.sleep(0.05)  # the retry is taken, and not run
+        assert not (tmp_path / "slow-1.req").exists()
+        handler.release.set()
+        reply = await anyio.to_thread.run_sync(wait_reply, tmp_path, "slow-1")
+    assert "result" in reply
+    assert len(handler.calls) == 1
+
+
+@pytest.mark.anyio
+async def test_calls_overlap_and_each_is_answered(tmp_path: Path) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+        await anyio.to_thread.run_sync(put, tmp_path, "slow-1", request(tool="slow"))
+        quick = await ask(tmp_path, "quick-1", request(request_id=2))
+        assert "result" in quick  # not held up behind the slow one
+        handler.release.set()
+        slow = await anyio.to_thread.run_sync(wait_reply, tmp_path, "slow-1")
+    assert "result" in slow
+
+
+@pytest.mark.anyio
+async def test_files_with_other_names_are_removed(tmp_path: Path) -> None:
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+        (tmp_path / "not a request").write_bytes(request())
+        put(tmp_path, "x" * 101, request())  # key too long
+        reply = await ask(tmp_path, "ok-1", request())
+        assert "result" in reply
+        await anyio.sleep(0.05)
+    assert sorted(os.listdir(tmp_path)) == []
+    assert len(handler.calls) == 1
+
+
+@pytest.mark.anyio
+async def test_a_symlinked_request_is_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path.parent / f"{tmp_path.name}-secret"
+    secret.write_bytes(request(tool="from-a-link"))
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    handler = CountingHandler()
+    async with serving(calls, handler):
+        os.symlink(secret, calls / "link-1.req")
+        reply = await anyio.to_thread.run_sync(wait_reply, calls, "link-1")
+    assert reply["error"]["kind"] == messages.BAD_FRAME
+    assert handler.calls == []
+    assert secret.exists()  # the link was removed, not its target
+    secret.unlink()
