@@ -17,6 +17,7 @@ Nothing is faked: a case that cannot run reports why.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -83,9 +84,32 @@ TRANSPORTS = (
     Transport("relay", "stream relay", {"transport": "relay"}),
     Transport("files", "files", {"transport": "files"}),
 )
+
+
+def _ssh_test_server() -> dict[str, Any]:
+    """The ssh backend's options for the server ``eval "$(scripts/sshd-service)"``
+    describes in HERMES_TEST_SSH_*; empty when those are not set."""
+    names = {"host": "HOST", "port": "PORT", "user": "USER", "key_file": "KEY"}
+    found = {key: os.environ.get(f"HERMES_TEST_SSH_{name}") for key, name in names.items()}
+    if not all(found.values()):
+        return {}
+    options: dict[str, Any] = {**found, "port": int(found["port"] or 22)}
+    if os.environ.get("HERMES_TEST_SSH_KNOWN_HOSTS"):
+        options["known_hosts"] = os.environ["HERMES_TEST_SSH_KNOWN_HOSTS"]
+    return {"backend_options": options}
+
+
+@dataclass(frozen=True)
+class SSHBackend(Backend):
+    def probe(self) -> str | None:
+        if not self.run_options:
+            return 'no SSH server configured: eval "$(scripts/sshd-service)" first'
+        return super().probe()
+
+
 # Backends that can run on these machines (Docker through podman, SSH to a local sshd);
 # modal and daytona need their services, which cannot be reached from here.
-BACKENDS = (Backend("local"), Backend("docker"), Backend("ssh"))
+BACKENDS = (Backend("local"), Backend("docker"), SSHBackend("ssh", _ssh_test_server()))
 
 
 def _first_reason(*probes: Probe) -> str | None:

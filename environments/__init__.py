@@ -15,10 +15,10 @@ from environments.errors import BackendError, BackendNotAvailable, EnvironmentFa
 BACKENDS: dict[str, str | None] = {
     "local": "environments.local:LocalEnvironment",
     "docker": "environments.docker:DockerEnvironment",
-    "ssh": None,
-    "singularity": None,
-    "modal": None,
-    "daytona": None,
+    "ssh": "environments.ssh:SSHEnvironment",
+    "singularity": "environments.singularity:SingularityEnvironment",
+    "modal": "environments.modal:ModalEnvironment",
+    "daytona": "environments.daytona:DaytonaEnvironment",
 }
 
 
@@ -39,7 +39,10 @@ def get_environment_class(name: str) -> type[Environment]:
             f"available now: {', '.join(available_backends())}"
         )
     module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # a backend module itself imports its SDK lazily
+        raise BackendNotAvailable(f"the {name} backend cannot be loaded: {exc}") from exc
     cls: type[Environment] = getattr(module, class_name)
     return cls
 

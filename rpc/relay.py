@@ -128,6 +128,10 @@ class _OutputStream(anyio.abc.ByteReceiveStream):
         self._receive.close()
 
 
+# The exit code of a script whose relay was lost, as ssh reports a lost connection.
+LOST_EXIT_CODE = 255
+
+
 class RelaySession:
     """A script run through a relay: the SandboxProcess contract, over one channel.
 
@@ -162,6 +166,9 @@ class RelaySession:
         self.exit_code: int | None = None
         self.pid: int | None = None
         self.error: str | None = None
+        # Why the channel ended before the relay reported the script's exit (the
+        # sandbox or the connection to it went away), or None.
+        self.lost: str | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
         self._context: AbstractAsyncContextManager[RelaySession]
 
@@ -284,9 +291,16 @@ class RelaySession:
                 elif op == "error":
                     self.error = str(message.get("message"))
         except (FrameError, ConnectionClosed) as exc:
-            self._mark_exit(-9, f"the relay channel broke: {exc}")
+            self._mark_lost(f"the relay channel broke: {exc}")
         finally:
-            self._mark_exit(-9, "the relay went away before the script's exit")
+            self._mark_lost("the relay went away before the script's exit")
+
+    def _mark_lost(self, error: str) -> None:
+        if self._exited.is_set():
+            return
+        tail = getattr(self._channel, "stderr_tail", b"").decode("utf-8", "replace").strip()
+        self.lost = error + (f": {tail[-500:]}" if tail else "")
+        self._mark_exit(LOST_EXIT_CODE, self.lost)
 
     async def _open(self, conn_id: int) -> None:
         assert self._tasks is not None

@@ -9,6 +9,7 @@ there is one, by :class:`TerminalPrompt`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -17,11 +18,13 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 import anyio
+import yaml
 
-from environments import BACKENDS, BackendError
+from environments import BACKENDS, BackendError, get_environment_class
 from sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
 from sandbox.runner import RunError, RunOptions, resolve_tools, run_code
+from sandbox.transports import TRANSPORTS
 from stubs import StubError, generate_stub
 from tools import (
     ToolModuleError,
@@ -59,6 +62,30 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
         else:
             raise CLIError(f"--env {name}: no such variable in this environment")
     return env
+
+
+def _parse_backend_options(items: Sequence[str]) -> dict[str, Any]:
+    """``--backend-option KEY=VALUE`` pairs; each value is read as YAML (so ``2222`` is a
+    number, ``true`` a boolean, ``[a, b]`` a list), as in the config file."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise CLIError(f"--backend-option needs KEY=VALUE, got {item!r}")
+        try:
+            options[key.strip()] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            options[key.strip()] = value
+    return options
+
+
+# What --network sets for each backend that can have its network blocked.
+NETWORK_OPTIONS: dict[str, dict[str, Any]] = {
+    "docker": {"network": True},
+    "singularity": {"network": True},
+    "modal": {"block_network": False},
+    "daytona": {"network_block_all": False},
+}
 
 
 def _read_script(path: str) -> str:
@@ -291,20 +318,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--transport",
-        choices=["auto", "unix", "relay"],
+        choices=["auto", *TRANSPORTS],
         default="auto",
         help="how tool calls reach the host: the fastest that works (auto), a Unix "
-        "socket, or the stream relay over the backend's exec stream",
+        "socket in a directory shared with the sandbox, request files there, or the "
+        "stream relay over the backend's exec stream",
     )
     run.add_argument(
         "--image",
         metavar="IMAGE",
-        help="container image for the docker backend (a python3 with its standard library)",
+        help="image for a container backend (docker, singularity, modal, daytona); it needs "
+        "a python3 with its standard library",
+    )
+    run.add_argument(
+        "--backend-option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the backend, over the config file's backends.NAME section "
+        "(e.g. -o host=build.example -o port=2222 for ssh); the value is read as YAML",
     )
     run.add_argument(
         "--network",
         action="store_true",
-        help="give a container backend network access (default: none, loopback only)",
+        help="give a sandbox network access (default: none, loopback only)",
     )
     run.add_argument(
         "--env",
@@ -330,6 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the hermes_tools.py a script would get.",
     )
     commands.add_parser("tools", parents=[tool_args], help="list the tools this host serves")
+    backends = commands.add_parser(
+        "backends",
+        help="list the backends, whether each can be used here, and why not",
+        description="List every backend, whether it can be used on this machine with the "
+        "config file's settings, and if not, why and what to do. Nothing is started.",
+    )
+    backends.add_argument("--config", metavar="PATH", help="the config file to read")
+    backends.add_argument("--json", action="store_true", help="print a JSON list")
     return parser
 
 
@@ -378,13 +424,17 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
     timeout = limits.timeout if args.timeout is None else args.timeout
     calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
     python = config.backends.local.python if backend == "local" else None
-    backend_options: dict[str, Any] = {}
-    if backend == "docker":
-        backend_options = config.backends.docker.settings()
+    backend_options = config.backends.settings(backend)
+    backend_options.update(_parse_backend_options(args.backend_option))
     if args.image is not None:
         backend_options["image"] = args.image
     if args.network:
-        backend_options["network"] = True
+        if backend not in NETWORK_OPTIONS:
+            raise CLIError(
+                f"--network: the {backend} backend has no network switch "
+                f"(it has for: {', '.join(NETWORK_OPTIONS)})"
+            )
+        backend_options.update(NETWORK_OPTIONS[backend])
     return RunOptions(
         backend=backend,
         tools=_selected_tools(args, config),
@@ -437,10 +487,37 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_backends(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    rows = []
+    for name in BACKENDS:
+        try:
+            cls = get_environment_class(name)
+            reason = cls.availability(config.backends.settings(name))
+        except BackendError as exc:
+            reason = str(exc)
+        rows.append({"backend": name, "available": reason is None, "reason": reason})
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    for row in rows:
+        state = "available" if row["available"] else "not available"
+        line = f"{row['backend']:<12} {state}"
+        if row["reason"]:
+            line += f": {' '.join(str(row['reason']).split())}"
+        sys.stdout.write(line + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _cmd_run, "stub": _cmd_stub, "tools": _cmd_tools}
+    handlers = {
+        "run": _cmd_run,
+        "stub": _cmd_stub,
+        "tools": _cmd_tools,
+        "backends": _cmd_backends,
+    }
     try:
         return handlers[args.command](args)
     except (CLIError, ConfigError, RunError, BackendError, StubError) as exc:

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from environments import BACKENDS
+from environments import BACKENDS, BackendNotAvailable, get_environment_class
 from tools.approval import ALLOWLIST_REGEX_PREFIX
 
 ENV_VAR = "HERMES_SANDBOX_CONFIG"
@@ -105,7 +105,7 @@ class DockerBackendConfig:
     workdir: str | None = None
     workdir_size: str | None = None
     mounts: list[str] | None = None
-    host_socket_dir: str | None = None
+    shared_dir: str | None = None  # "auto", "none" or a host path
     persist: bool | None = None
     docker_host: str | None = None
     python: str | None = None
@@ -121,8 +121,38 @@ class DockerBackendConfig:
 
 @dataclass(frozen=True, slots=True)
 class BackendsConfig:
+    """One section per backend. ``local`` and ``docker`` are typed here; the others are
+    mappings handed to the backend, which checks them when the config is loaded (its
+    ``for_run`` refuses unknown keys and bad values)."""
+
     local: LocalBackendConfig = field(default_factory=LocalBackendConfig)
     docker: DockerBackendConfig = field(default_factory=DockerBackendConfig)
+    ssh: dict[str, Any] = field(default_factory=dict)
+    singularity: dict[str, Any] = field(default_factory=dict)
+    modal: dict[str, Any] = field(default_factory=dict)
+    daytona: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self, backend: str) -> dict[str, Any]:
+        """The settings the config gives ``backend``, as its ``backend_options``."""
+        section = getattr(self, backend, None)
+        if section is None or backend == "local":
+            return {}
+        if isinstance(section, DockerBackendConfig):
+            return section.settings()
+        return dict(section)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        for backend in ("ssh", "singularity", "modal", "daytona"):
+            section = getattr(self, backend)
+            if not section:
+                continue
+            try:
+                cls = get_environment_class(backend)
+                cls.for_run(section, env={}, kill_grace=2.0, task_id=None, python=None)
+            except BackendNotAvailable as exc:
+                yield backend, str(exc)
+            except (TypeError, ValueError) as exc:
+                yield backend, str(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +221,9 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             return {}
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        _, item = typing.get_args(hint)
+        if item is Any:  # a backend's own section: the backend checks it
+            return {str(k): v for k, v in value.items()}
         return {str(k): _convert(v, str, f"{where}.{k}") for k, v in value.items()}
     if hint is str:
         if isinstance(value, bool) or not isinstance(value, str | int | float):

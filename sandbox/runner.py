@@ -19,14 +19,21 @@ from typing import Any
 
 import anyio
 
-from environments import Environment, SandboxProcess, get_environment_class
+from environments import BackendError, Environment, SandboxProcess, get_environment_class
 from rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from sandbox.childenv import scrub_environment
 from sandbox.gate import ToolCallBudget, ToolGate
 from sandbox.hints import failure_hint
 from sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
 from sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
-from sandbox.transports import TRANSPORTS, TransportUnavailable, choose_transport
+from sandbox.transports import (
+    SHARED_DIRECTORY_TRANSPORTS,
+    TRANSPORTS,
+    TransportUnavailable,
+    check_transport,
+    choose_transport,
+    needs_relay,
+)
 from stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
 from tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from tools.registry import ToolContext, ToolRegistry
@@ -64,7 +71,7 @@ class RunOptions:
     kill_grace: float = 2.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
-    transport: str = "auto"  # "auto", "unix" or "relay" (sandbox/transports.py)
+    transport: str = "auto"  # "auto", "unix", "relay" or "files" (sandbox/transports.py)
     # The backend's own settings (image, limits, mounts... for docker): its config section.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
@@ -192,6 +199,17 @@ async def _supervise(
     return ("success" if exit_code == 0 else "error"), exit_code
 
 
+async def _remove_stage(environment: Environment, stage: str) -> str | None:
+    """Remove the stage directory; what went wrong, if anything (a sandbox that went
+    away mid-run takes its stage with it: the result, not an exception, says so)."""
+    try:
+        await environment.remove_tree(stage)
+    except (BackendError, OSError) as exc:
+        log.warning("could not remove the stage %s: %s", stage, exc)
+        return str(exc)
+    return None
+
+
 async def _stage(environment: Environment, stage: str, code: str, files: Mapping[str, str]) -> None:
     """Write the script and the runtime's files into the stage directory."""
     await environment.write_bytes(
@@ -253,20 +271,29 @@ async def run_code(
         spill_dir=options.spill_dir,
     )
     stderr = CappedOutput(options.max_stderr_bytes)
+    lost: str | None = None  # why the sandbox went away mid-run, if it did
+    cleanup_problem: str | None = None
     environment, base_env = _make_environment(options, options.env)
-    cwd = options.cwd or environment.default_cwd
     gate: ToolGate | None = None
     marker = secrets.token_hex(12)
     try:
-        transport = choose_transport(options.transport, environment)
+        check_transport(options.transport)
     except TransportUnavailable as exc:
         raise RunError(str(exc)) from None
     try:
         await environment.start()
         try:
-            stage = await environment.make_private_dir("hermes-sandbox-")
             try:
-                if transport == "relay":
+                transport = choose_transport(options.transport, environment)
+            except TransportUnavailable as exc:
+                raise RunError(str(exc)) from None
+            parent = (
+                environment.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
+            )
+            stage = await environment.make_private_dir("hermes-sandbox-", parent=parent)
+            cwd = options.cwd or environment.default_cwd
+            try:
+                if needs_relay(transport, environment):
                     files = {**files, RELAY_MODULE: relay_source()}
                 await _stage(environment, stage, code, files)
                 context = ToolContext(
@@ -304,11 +331,12 @@ async def run_code(
                             kill_grace=options.kill_grace,
                             interrupt=interrupt,
                         )
+                        lost = getattr(process, "lost", None)
                 except TransportUnavailable as exc:
                     raise RunError(str(exc)) from None
             finally:
                 with anyio.CancelScope(shield=True):
-                    await environment.remove_tree(stage)
+                    cleanup_problem = await _remove_stage(environment, stage)
         finally:
             with anyio.CancelScope(shield=True):
                 await environment.aclose()
@@ -323,6 +351,8 @@ async def run_code(
         duration=time.monotonic() - started,
         timeout=options.timeout,
         tools=tools,
+        lost=lost,
+        cleanup_problem=cleanup_problem,
     )
 
 
@@ -336,6 +366,8 @@ def _shape_result(
     duration: float,
     timeout: float,
     tools: Sequence[str],
+    lost: str | None = None,
+    cleanup_problem: str | None = None,
 ) -> ExecutionResult:
     output = stdout.text()
     stderr_text = stderr.text()
@@ -354,6 +386,11 @@ def _shape_result(
     elif status == "interrupted":
         error = "Script was interrupted and stopped."
         output = f"{output}\n[execution interrupted]" if output else "[execution interrupted]"
+    elif status == "error" and lost:
+        error = (
+            "The connection to the sandbox was lost before the script finished "
+            f"({lost}); the script may not have run to its end."
+        )
     elif status == "error":
         error = f"Script exited with code {exit_code}"
         last = _error_line(stderr_text)
@@ -375,6 +412,9 @@ def _shape_result(
             )
         elif stdout.spill_error:
             warning += f" ({stdout.spill_error})"
+    if cleanup_problem:
+        note = f"The run's staging directory could not be removed: {cleanup_problem}"
+        warning = f"{warning} {note}" if warning else note
     return ExecutionResult(
         status=status,
         output=output,

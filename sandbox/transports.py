@@ -6,15 +6,24 @@ script as a :class:`environments.SandboxProcess`-shaped object (``stdout``, ``st
 ``wait``, ``kill``, ``aclose``). The runner does the rest the same way whatever the
 transport.
 
-- ``unix``: the host listens on a Unix socket the script can reach at the same path
-  (this machine; a container with the stage directory bind-mounted).
+- ``unix``: the host listens on a Unix socket in the stage directory, which the
+  script reaches at the same path (this machine; a container or instance with the
+  environment's shared directory bind-mounted).
+- ``files``: request and reply files in the stage directory (rpc/files.py); for a
+  shared directory where a socket is not wanted.
 - ``relay``: a stdlib relay in the sandbox carries the script's output, exit status
   and RPC over the backend's exec stream; for any backend that can attach to a
   process's stdin and stdout.
+
+``unix`` and ``files`` need the stage in the environment's
+:attr:`~environments.Environment.shared_directory`. They start the script with the
+environment's own ``spawn`` where it has one, else under the relay with the relay
+carrying only the script's output and exit status (the calls go the shorter way).
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -22,16 +31,90 @@ from typing import Any
 
 from environments import Environment
 from rpc import RPCServer, serve_unix_socket
+from rpc.files import serve_files
 from rpc.relay import RelayError, RelaySession
 from stubs import RELAY_MODULE
 
 SOCKET_NAME = "rpc.sock"
+FILES_DIR_PREFIX = "rpc-"
 
 Launcher = Callable[..., AbstractAsyncContextManager[Any]]
 
 
 class TransportUnavailable(Exception):
     """The transport cannot work with this environment; the message says why."""
+
+
+def needs_relay(transport: str, environment: Environment) -> bool:
+    """Whether the run must stage the relay: it carries the calls, or it starts the
+    script where the environment cannot spawn one itself."""
+    return transport == "relay" or not environment.can_spawn
+
+
+@asynccontextmanager
+async def _under_relay(
+    environment: Environment,
+    server: RPCServer,
+    *,
+    stage: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    marker: str,
+    socket_path: str | None,
+) -> AsyncIterator[Any]:
+    """The script started by the relay in the sandbox; with ``socket_path`` the relay
+    listens there and carries the script's calls to ``server`` too."""
+    channel = await environment.open_exec_stream(
+        [environment.python, posixpath.join(stage, RELAY_MODULE)],
+        env={"PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    failure: TransportUnavailable | None = None
+    async with RelaySession(channel, server, max_frame_size=server.max_frame_size) as session:
+        try:
+            await session.start(argv, env=env, cwd=cwd, socket_path=socket_path, marker=marker)
+        except RelayError as exc:
+            details = channel.stderr_tail.decode("utf-8", "replace").strip()
+            failure = TransportUnavailable(
+                f"the relay could not start the script: {exc}"
+                + (f"\n{details[-2000:]}" if details else "")
+            )
+        if failure is None:
+            yield session
+    if failure is not None:  # raised out here, not wrapped in the session's task group
+        raise failure
+
+
+@asynccontextmanager
+async def _started(
+    environment: Environment,
+    server: RPCServer,
+    *,
+    stage: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    marker: str,
+) -> AsyncIterator[Any]:
+    """The script, started natively where the environment can, else by the relay."""
+    if environment.can_spawn:
+        process = await environment.spawn(argv, env=env, cwd=cwd)
+        try:
+            yield process
+        finally:
+            await process.aclose()
+        return
+    async with _under_relay(
+        environment,
+        server,
+        stage=stage,
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        marker=marker,
+        socket_path=None,
+    ) as session:
+        yield session
 
 
 @asynccontextmanager
@@ -45,18 +128,51 @@ async def launch_unix(
     cwd: str | None,
     marker: str,
 ) -> AsyncIterator[Any]:
-    path = environment.host_socket_path(stage, SOCKET_NAME)
-    if path is None:
-        raise TransportUnavailable(
-            f"the {environment.name} backend cannot reach a Unix socket on this host; "
-            "use the relay transport"
-        )
-    async with serve_unix_socket(server, path):
-        process = await environment.spawn(argv, env={**env, "HERMES_RPC_SOCKET": path}, cwd=cwd)
-        try:
-            yield process
-        finally:
-            await process.aclose()
+    path = posixpath.join(stage, SOCKET_NAME)
+    async with (
+        serve_unix_socket(server, path),
+        _started(
+            environment,
+            server,
+            stage=stage,
+            argv=argv,
+            env={**env, "HERMES_RPC_SOCKET": path},
+            cwd=cwd,
+            marker=marker,
+        ) as process,
+    ):
+        yield process
+
+
+@asynccontextmanager
+async def launch_files(
+    environment: Environment,
+    server: RPCServer,
+    *,
+    stage: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    marker: str,
+) -> AsyncIterator[Any]:
+    if environment.shares_host:
+        directory = posixpath.join(stage, FILES_DIR_PREFIX + "calls")
+        os.mkdir(directory, 0o700)
+    else:  # made by the sandbox's user, who must write there
+        directory = await environment.make_private_dir(FILES_DIR_PREFIX, parent=stage)
+    async with (
+        serve_files(server, directory),
+        _started(
+            environment,
+            server,
+            stage=stage,
+            argv=argv,
+            env={**env, "HERMES_RPC_DIR": directory},
+            cwd=cwd,
+            marker=marker,
+        ) as process,
+    ):
+        yield process
 
 
 @asynccontextmanager
@@ -71,41 +187,48 @@ async def launch_relay(
     marker: str,
 ) -> AsyncIterator[Any]:
     socket_path = posixpath.join(stage, SOCKET_NAME)
-    channel = await environment.open_exec_stream(
-        [environment.python, posixpath.join(stage, RELAY_MODULE)],
-        env={"PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    failure: TransportUnavailable | None = None
-    async with RelaySession(channel, server, max_frame_size=server.max_frame_size) as session:
-        try:
-            await session.start(
-                argv,
-                env={**env, "HERMES_RPC_SOCKET": socket_path},
-                cwd=cwd,
-                socket_path=socket_path,
-                marker=marker,
-            )
-        except RelayError as exc:
-            details = channel.stderr_tail.decode("utf-8", "replace").strip()
-            failure = TransportUnavailable(
-                f"the relay could not start the script: {exc}"
-                + (f"\n{details[-2000:]}" if details else "")
-            )
-        if failure is None:
-            yield session
-    if failure is not None:  # raised out here, not wrapped in the session's task group
-        raise failure
+    async with _under_relay(
+        environment,
+        server,
+        stage=stage,
+        argv=argv,
+        env={**env, "HERMES_RPC_SOCKET": socket_path},
+        cwd=cwd,
+        marker=marker,
+        socket_path=socket_path,
+    ) as session:
+        yield session
 
 
-TRANSPORTS: dict[str, Launcher] = {"unix": launch_unix, "relay": launch_relay}
+TRANSPORTS: dict[str, Launcher] = {
+    "unix": launch_unix,
+    "relay": launch_relay,
+    "files": launch_files,
+}
+# Transports whose stage must be in the environment's shared_directory.
+SHARED_DIRECTORY_TRANSPORTS = frozenset({"unix", "files"})
+
+
+def check_transport(requested: str) -> None:
+    """Refuse a transport name that does not exist (before anything is started)."""
+    if requested != "auto" and requested not in TRANSPORTS:
+        raise TransportUnavailable(
+            f"unknown transport {requested!r}; choose one of: auto, {', '.join(TRANSPORTS)}"
+        )
 
 
 def choose_transport(requested: str, environment: Environment) -> str:
-    """The transport to use: the one asked for, or for "auto" the fastest that works."""
+    """The transport to use with a started environment: the one asked for, or for
+    "auto" the fastest that works there (a Unix socket in a shared directory, else
+    the relay)."""
+    check_transport(requested)
+    shared = environment.shared_directory is not None
     if requested == "auto":
-        return "unix" if environment.host_socket_path("/", SOCKET_NAME) is not None else "relay"
-    if requested not in TRANSPORTS:
+        return "unix" if shared else "relay"
+    if requested in SHARED_DIRECTORY_TRANSPORTS and not shared:
         raise TransportUnavailable(
-            f"unknown transport {requested!r}; choose one of: auto, {', '.join(TRANSPORTS)}"
+            f"the {requested} transport needs a directory that this host and the "
+            f"{environment.name} backend both see, and this {environment.name} environment "
+            "has none; use --transport relay (or auto)"
         )
     return requested

@@ -37,6 +37,7 @@ _HEADER = struct.Struct(">I")
 _CHUNK = 65536
 _MAX_FRAME = 64 * 1024 * 1024
 _DRAIN_SECONDS = 2.0
+_RELAY_ONLY_VARS = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
 
 
 class Relay(object):
@@ -109,10 +110,13 @@ class Relay(object):
         if self.child is not None:
             self.send({"op": "error", "message": "already running"})
             return
-        env = dict(message.get("env") or {})
-        for name, value in os.environ.items():  # the backend's own markers pass on
-            if name.startswith("HERMES_SANDBOX_"):
-                env.setdefault(name, value)
+        # The script starts from the sandbox's own environment (the image's PATH, the
+        # login's HOME, the backend's markers), less what was set for the relay
+        # itself, plus the run's variables.
+        env = dict(os.environ)
+        for name in _RELAY_ONLY_VARS:
+            env.pop(name, None)
+        env.update(message.get("env") or {})
         self.marker = message.get("marker")
         if self.marker:
             env["HERMES_SANDBOX_RUN"] = self.marker

@@ -14,21 +14,33 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+import environments.docker as docker_backend
 from environments.local import MARKER_VAR
 from sandbox import ExecutionResult, execute_code
 
+try:
+    import docker
+except ImportError:  # the engine tests skip (or fail under CI) with the reason
+    docker = None
+
 DEFAULT_TIMEOUT = 20.0
+IMAGE = os.environ.get("HERMES_SANDBOX_TEST_IMAGE", "hermes-sandbox-python:bookworm")
+TEST_LABEL = "hermes-sandbox-test"  # on every container a test makes, with RUN_ID
+RUN_ID = uuid.uuid4().hex[:12]
 TAG_VAR = "XDG_HERMES_TEST_TAG"  # XDG_ passes the scrubber's allowlist
 # Processes that were SIGKILLed are gone within microseconds; this only absorbs the
 # kernel's bookkeeping, it cannot hide a process that really stayed behind.
@@ -90,7 +102,43 @@ def no_leftover_processes(monkeypatch: pytest.MonkeyPatch) -> Any:
     pytest.fail("sandbox processes left alive after the test: " + "; ".join(described))
 
 
-@pytest.fixture(params=["unix", "relay"])
+# Script code defining ask(message): one raw request, sent over whichever transport the
+# script was given (a socket, or a request file), and its decoded reply. For tests that
+# speak the wire themselves, e.g. with a wrong token.
+RAW_ASK = """
+import os as _os, socket as _socket, struct as _struct, time as _time
+import _hermes_msgpack as _codec
+
+def ask(message, key=None):
+    body = _codec.packb(message)
+    frame = _struct.pack(">I", len(body)) + body
+    directory = _os.environ.get("HERMES_RPC_DIR")
+    if directory:
+        key = key or "raw-%d-%d" % (_os.getpid(), _time.monotonic_ns())
+        with open(_os.path.join(directory, "." + key), "wb") as f:
+            f.write(frame)
+        _os.rename(_os.path.join(directory, "." + key), _os.path.join(directory, key + ".req"))
+        reply = _os.path.join(directory, key + ".rep")
+        while not _os.path.exists(reply):
+            _time.sleep(0.001)
+        with open(reply, "rb") as f:
+            data = f.read()
+        _os.unlink(reply)
+        return _codec.unpackb(data[4:])
+    with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+        s.connect(_os.environ["HERMES_RPC_SOCKET"])
+        s.sendall(frame)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + _struct.unpack(">I", data[:4])[0]:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return _codec.unpackb(data[4:])
+"""
+
+
+@pytest.fixture(params=["unix", "relay", "files"])
 def transport(request: pytest.FixtureRequest) -> str:
     """Each transport the local backend supports: tests that use ``run`` run over all."""
     return str(request.param)
@@ -162,3 +210,99 @@ def wait_for_pids() -> Callable[..., list[int]]:
         pytest.fail(f"the script did not write {count} pids to {path} within {timeout}s")
 
     return _wait
+
+
+# -- services a test needs -------------------------------------------------------------
+
+SSHD_SERVICE = Path(__file__).resolve().parent.parent / "scripts" / "sshd-service"
+
+
+def ssh_server_from_environment() -> dict[str, str] | None:
+    names = ("HOST", "PORT", "USER", "KEY", "KNOWN_HOSTS", "PID")
+    found = {name: os.environ.get(f"HERMES_TEST_SSH_{name}") for name in names}
+    if not all(found.values()):
+        return None
+    values = {name: str(value) for name, value in found.items()}
+    if os.environ.get("HERMES_TEST_SSH_LOG"):
+        values["LOG"] = os.environ["HERMES_TEST_SSH_LOG"]
+    return values
+
+
+def ssh_server_from_service() -> tuple[dict[str, str] | None, str]:
+    """Run scripts/sshd-service; its exports, or None and why not."""
+    try:
+        done = subprocess.run(
+            [str(SSHD_SERVICE)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"running {SSHD_SERVICE} failed: {exc}"
+    if done.returncode != 0:
+        return (
+            None,
+            f"{SSHD_SERVICE} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}",
+        )
+    values = {}
+    for line in done.stdout.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            if name.startswith("HERMES_TEST_SSH_"):
+                values[name[len("HERMES_TEST_SSH_") :]] = value
+    return values, f"{SSHD_SERVICE} printed no HERMES_TEST_SSH_* exports: {done.stdout!r}"
+
+
+def require(problem: str | None, what: str) -> None:
+    """Skip the test, printing why, when ``problem`` says a service is missing; under
+    CI (CI=true), where .ci/run starts every service, fail instead."""
+    if problem is None:
+        return
+    message = f"{what}: {problem}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message} (CI=true: CI starts this service, so this is a failure)")
+    print(f"\nSKIPPED: {message}", file=sys.stderr)
+    pytest.skip(message)
+
+
+def engine_problem() -> str | None:
+    """Why the container engine tests cannot run here, or None."""
+    if docker is None:
+        return "the docker SDK is not installed (pip install 'hermes-sandbox[docker]')"
+    host = os.environ.get("DOCKER_HOST") or docker_backend.DEFAULT_DOCKER_SOCKET
+    try:
+        if host.startswith("unix://"):  # the SDK leaks its socket when this fails
+            docker_backend._probe_unix_socket(host[len("unix://") :])
+        client = docker.from_env()
+    except (OSError, docker.errors.DockerException) as exc:
+        return (
+            f"no container engine answers at {host} ({exc}); run scripts/podman-service "
+            "and export the DOCKER_HOST it prints"
+        )
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"the image {IMAGE} is missing; scripts/podman-service builds it"
+    finally:
+        client.close()
+    return None
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Any]:
+    """A docker SDK client for checking on containers; skips (fails under CI) when the
+    engine or the image is missing. Removes this run's containers at the end."""
+    require(engine_problem(), "docker backend tests need a container engine")
+    client = docker.from_env()
+    try:
+        yield client
+    finally:
+        leftovers = client.api.containers(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"})
+        for entry in leftovers:
+            try:
+                client.api.remove_container(entry["Id"], force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+        client.close()

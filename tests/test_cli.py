@@ -314,10 +314,24 @@ def test_unknown_backend(tmp_path, write):
     assert_usage_error(cli("run", "script.py", "--backend", "nosuch", cwd=tmp_path), "nosuch")
 
 
-def test_reserved_backend(tmp_path, write):
+def test_backend_without_its_settings(tmp_path, write):
     write("script.py", "print(1)\n")
     done = cli("run", "script.py", "--backend", "ssh", cwd=tmp_path)
-    assert_usage_error(done, "ssh", "not available")
+    assert_usage_error(done, "ssh", "needs a host")
+
+
+def test_backend_options_on_the_command_line(tmp_path, write):
+    write("script.py", "print(1)\n")
+    done = cli("run", "script.py", "--backend", "ssh", "-o", "bogus=1", cwd=tmp_path)
+    assert_usage_error(done, "unknown", "bogus")
+    done = cli("run", "script.py", "-o", "novalue", cwd=tmp_path)
+    assert_usage_error(done, "KEY=VALUE")
+
+
+def test_network_is_refused_where_it_means_nothing(tmp_path, write):
+    write("script.py", "print(1)\n")
+    done = cli("run", "script.py", "--backend", "ssh", "--network", cwd=tmp_path)
+    assert_usage_error(done, "--network", "ssh")
 
 
 def test_tools_module_that_raises(tmp_path, write):

@@ -148,11 +148,24 @@ def test_timeout_from_the_config_and_over_it(tmp_path):
 def test_backend_from_the_config_and_over_it(tmp_path):
     (tmp_path / "script.py").write_text("print('ran')\n")
     write_config(default_config(tmp_path), {"backend": "ssh"})
-    # the ssh backend cannot run scripts yet: it is the one the run tried, and it says so
-    assert_usage_error(cli("run", "script.py", cwd=tmp_path), "ssh")
+    # the ssh backend needs settings the config does not give: it is the one the run
+    # tried, and it says so
+    assert_usage_error(cli("run", "script.py", cwd=tmp_path), "ssh", "host")
     done = cli("run", "script.py", "--backend", "local", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran\n"
+
+
+def test_a_backend_section_is_checked_by_its_backend(tmp_path):
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    write_config(default_config(tmp_path), {"backends": {"ssh": {"hots": "x"}}})
+    assert_usage_error(cli("run", "script.py", cwd=tmp_path), "backends.ssh", "hots")
+    write_config(default_config(tmp_path), {"backend": "ssh", "backends": {"ssh": {"host": "h"}}})
+    # the section reaches the backend: with a host set, it goes on to connect (and
+    # fails there, on a name that does not resolve), overridden by -o
+    done = cli("run", "script.py", "-o", "host=no-such-host.invalid", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "no-such-host.invalid" in done.stderr
 
 
 def test_output_limits_and_spill_dir_from_the_config(tmp_path):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 
 import pytest
+from conftest import RAW_ASK
 
 SECRET_NAMES = (
     "OPENAI_API_KEY",
@@ -72,23 +74,25 @@ def test_explicit_env_passes(run, host_secrets):
     assert "OPENAI_API_KEY" not in seen["script"]
 
 
-def test_token_and_socket_travel_in_the_environment_not_argv(run):
+def test_token_and_endpoint_travel_in_the_environment_not_argv(run, transport):
     result = run(
         """
         import json, os, stat
-        sock = os.environ["HERMES_RPC_SOCKET"]
+        name = "HERMES_RPC_DIR" if "HERMES_RPC_DIR" in os.environ else "HERMES_RPC_SOCKET"
+        endpoint = os.environ[name]
         with open("/proc/self/cmdline", "rb") as f:
             cmdline = f.read().decode()
         with open("/proc/self/environ", "rb") as f:
             environ = f.read().decode()
         print(json.dumps({
             "token": os.environ["HERMES_RPC_TOKEN"],
-            "socket": sock,
+            "name": name,
+            "endpoint": endpoint,
             "cmdline": cmdline,
             "environ": environ,
-            "socket_mode": stat.S_IMODE(os.stat(sock).st_mode),
-            "is_socket": stat.S_ISSOCK(os.stat(sock).st_mode),
-            "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode),
+            "mode": stat.S_IMODE(os.stat(endpoint).st_mode),
+            "is_socket": stat.S_ISSOCK(os.stat(endpoint).st_mode),
+            "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(endpoint)).st_mode),
         }))
         """
     )
@@ -96,12 +100,16 @@ def test_token_and_socket_travel_in_the_environment_not_argv(run):
     seen = json.loads(result.output)
     assert len(seen["token"]) >= 32
     assert seen["token"] not in seen["cmdline"]
-    assert seen["socket"] not in seen["cmdline"]
+    assert seen["endpoint"] not in seen["cmdline"]
     assert f"HERMES_RPC_TOKEN={seen['token']}" in seen["environ"].split("\0")
-    assert f"HERMES_RPC_SOCKET={seen['socket']}" in seen["environ"].split("\0")
-    assert seen["is_socket"]
-    assert seen["socket_mode"] == 0o600
+    assert f"{seen['name']}={seen['endpoint']}" in seen["environ"].split("\0")
     assert seen["dir_mode"] == 0o700
+    if transport == "files":
+        assert seen["name"] == "HERMES_RPC_DIR"
+        assert seen["mode"] == 0o700  # the calls directory itself
+    else:
+        assert seen["is_socket"]
+        assert seen["mode"] == 0o600
 
 
 def test_each_run_gets_a_fresh_token(run):
@@ -116,23 +124,9 @@ def test_wrong_token_is_refused_and_not_counted(run, tmp_path):
     data.write_text("content\n")
     result = run(
         f"""
-        import json, os, socket, struct
-        import _hermes_msgpack as codec
+        import json, os
         from hermes_tools import read_file
-
-        def ask(message):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.connect(os.environ["HERMES_RPC_SOCKET"])
-                body = codec.packb(message)
-                s.sendall(struct.pack(">I", len(body)) + body)
-                data = b""
-                while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                return codec.unpackb(data[4:])
-
+{textwrap.indent(RAW_ASK, " " * 8)}
         request = {{"id": 7, "tool": "read_file", "args": {{"path": {str(data)!r}}}}}
         replies = [
             ask({{**request, "token": "wrong"}}),
@@ -156,7 +150,7 @@ def test_wrong_token_is_refused_and_not_counted(run, tmp_path):
 
 PRINT_STAGE = """
 import os, time
-print(os.path.dirname(os.environ["HERMES_RPC_SOCKET"]), flush=True)
+print(os.environ["PYTHONPATH"].split(os.pathsep)[0], flush=True)
 time.sleep({sleep})
 """
 
