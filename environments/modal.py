@@ -1,0 +1,840 @@
+"""The Modal backend: scripts run in a Modal Sandbox, driven through the ``modal`` SDK.
+
+Lifecycle. :meth:`ModalEnvironment.start` looks up (or creates) the Modal App named by
+:attr:`ModalConfig.app_name`, then resumes the running sandbox called
+:attr:`ModalConfig.sandbox_name` (``Sandbox.from_name``) when one is named and exists,
+or creates one from a registry image with the configured CPU, memory, lifetime and,
+by default, no network. :meth:`ModalEnvironment.aclose` terminates it unless it is
+persistent. A sandbox whose owner died without closing it ends by itself when its
+lifetime (``timeout``, and ``idle_timeout`` if set) runs out: that is the reaper.
+
+Commands and files. Everything runs through ``Sandbox.exec``: the environment is a
+:class:`~environments.helper.HelperEnvironment`, so a shell command under a timeout,
+killing what it left, and every file operation run the stdlib helper program with the
+sandbox's Python over an exec's stdin and stdout (:class:`ModalExecStream`), and
+scripts run under the stream relay. Modal has no call to kill one exec, so every exec
+carries a fresh ``HERMES_SANDBOX_EXEC`` marker; an exec that has not exited when its
+stream is closed is killed by that marker inside the sandbox. Only plain variables go
+through the exec's ``env``; nothing is sent as a Modal Secret (the RPC token travels
+inside the relay stream, never in an environment or on a command line).
+
+The SDK. ``modal`` is imported on first use (:func:`_modal`), so this module imports
+without it; all SDK access goes through the module object held in :data:`_sdk`, which
+tests replace with a fake. The async ``.aio`` forms are used throughout: their I/O runs
+on the SDK's own event loop thread, none per stream, and they need the caller to run
+on asyncio (anyio's default backend). Errors of the SDK are translated here, at the
+boundary, into :mod:`environments.errors` types: missing SDK or credentials and an
+unreachable or refusing service are :class:`BackendNotAvailable`; a failure while
+creating or using the sandbox is :class:`EnvironmentFailure`, and a sandbox that stopped
+while in use is :class:`SandboxGone` (its reason also kept in
+:attr:`ModalEnvironment.lost`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import secrets
+import shlex
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+
+from environments.base import DEFAULT_MAX_COMMAND_OUTPUT, CommandResult, ExecStream
+from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from environments.helper import HELPER_SOURCE, HelperEnvironment
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SDK_MISSING = "the modal backend needs the modal SDK: pip install 'hermes-sandbox[modal]'"
+CREDENTIALS_ADVICE = (
+    "set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (a token from https://modal.com/settings/tokens), "
+    "or run `modal token new` to store one in {path} (another file: MODAL_CONFIG_PATH; "
+    "another profile in it: MODAL_PROFILE)"
+)
+DEFAULT_APP_NAME = "hermes-sandbox"
+DEFAULT_IMAGE = "python:3.11-slim"
+EXEC_MARK = "HERMES_SANDBOX_EXEC"  # the helper's kill verb finds an exec's processes by it
+MAX_SANDBOX_SECONDS = 24 * 3600  # Modal's longest sandbox lifetime
+
+# The SDK module once imported (see _modal); tests put a stand-in with the same names here.
+_sdk: Any = None
+
+_STDERR_TAIL = 8192
+_STDIN_CHUNK = 1 << 20  # below the SDK's 16 MiB limit on what one drain may carry
+_STDERR_JOIN_SECONDS = 2.0  # after an exec exits: for the rest of its stderr to arrive
+_EOF_SECONDS = 10.0
+_EXIT_SECONDS = 2.0  # for an exec's exit status once its output ended
+_POLL_SECONDS = 15.0
+_TERMINATE_SECONDS = 60.0
+_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,64}$")  # Modal's rule for object names
+
+
+def _modal() -> Any:
+    """The modal SDK (imported on first use); BackendNotAvailable if it is missing."""
+    global _sdk
+    if _sdk is None:
+        try:
+            import modal
+        except ImportError as exc:
+            raise BackendNotAvailable(SDK_MISSING) from exc
+        _sdk = modal
+    return _sdk
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+def _positive_number(name: str, value: Any, *, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+        kind = "a whole number" if integer else "a number"
+        raise ValueError(f"{name} must be {kind} > 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModalConfig:
+    """Settings of the modal backend. Unknown keys are refused (:meth:`from_mapping`).
+
+    ``image`` is a registry tag (``Image.from_registry``); it must have ``python``
+    (3.6 or newer) on its PATH. ``memory`` is in MiB. ``timeout`` is the sandbox's own
+    lifetime in seconds: Modal ends it then, whatever runs, so make it longer than the
+    runs it serves. ``sandbox_name`` resumes the running sandbox of that name in the
+    app (or creates it under that name); ``persist`` keeps it after the run.
+    """
+
+    app_name: str = DEFAULT_APP_NAME
+    image: str = DEFAULT_IMAGE
+    cpu: float | None = 1.0
+    memory: int | None = 1024
+    timeout: int = 900
+    idle_timeout: int | None = None
+    block_network: bool = True
+    sandbox_name: str | None = None
+    persist: bool = False
+    region: str | tuple[str, ...] | None = None
+    cloud: str | None = None
+    modal_environment: str | None = None  # Modal's environment; None: the profile's default
+    python: str = "python3"
+    workdir: str = "/workspace"  # made at start if missing; scripts and commands start here
+
+    def __post_init__(self) -> None:
+        if isinstance(self.region, list | tuple):
+            object.__setattr__(self, "region", tuple(str(r) for r in self.region))
+        for name in ("app_name", "image", "python", "workdir"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if not _NAME_RE.match(self.app_name):
+            raise ValueError(
+                f"app_name may hold only letters, digits, '-', '_' and '.' (at most 64), "
+                f"got {self.app_name!r}"
+            )
+        if self.sandbox_name is not None and not _NAME_RE.match(str(self.sandbox_name)):
+            raise ValueError(
+                f"sandbox_name may hold only letters, digits, '-', '_' and '.' (at most 64), "
+                f"got {self.sandbox_name!r}"
+            )
+        if self.cpu is not None:
+            _positive_number("cpu", self.cpu)
+        if self.memory is not None:
+            _positive_number("memory (MiB)", self.memory, integer=True)
+        _positive_number("timeout (seconds)", self.timeout, integer=True)
+        if self.timeout > MAX_SANDBOX_SECONDS:
+            raise ValueError(f"timeout can be at most {MAX_SANDBOX_SECONDS} s, got {self.timeout}")
+        if self.idle_timeout is not None:
+            _positive_number("idle_timeout (seconds)", self.idle_timeout, integer=True)
+        for name in ("block_network", "persist"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.persist and self.sandbox_name is None:
+            raise ValueError(
+                "persist needs a sandbox_name: a kept sandbox is found again by its name"
+            )
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"workdir must be an absolute path, got {self.workdir!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ModalConfig:
+        """Build from plain data (a config file's section); refuse unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown modal backend setting(s): {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class SandboxGone(EnvironmentFailure):
+    """The Modal sandbox stopped while in use: terminated from outside, or its lifetime
+    ran out. Nothing of it is left to clean up."""
+
+
+@dataclass(frozen=True, slots=True)
+class _SdkErrors:
+    """The SDK's exception classes this backend tells apart, taken once per start."""
+
+    base: type[BaseException]
+    credentials: tuple[type[BaseException], ...]
+    unreachable: type[BaseException]
+    not_found: type[BaseException]
+    exists: type[BaseException]
+    gone: tuple[type[BaseException], ...]
+
+    @classmethod
+    def of(cls, sdk: Any) -> _SdkErrors:
+        errors = sdk.exception
+        return cls(
+            base=errors.Error,
+            credentials=(errors.AuthError, errors.PermissionDeniedError),
+            unreachable=errors.ConnectionError,
+            not_found=errors.NotFoundError,
+            exists=errors.AlreadyExistsError,
+            gone=(errors.SandboxTerminatedError, errors.SandboxTimeoutError),
+        )
+
+    @property
+    def foreign(self) -> tuple[type[BaseException], ...]:
+        """Everything an SDK call may raise that is not a bug of ours."""
+        return (self.base, OSError)
+
+    def translate(self, doing: str, exc: BaseException, *, path: str) -> BackendError:
+        """The environment error for an SDK error met while ``doing``."""
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, self.credentials):
+            return BackendNotAvailable(
+                f"{doing}: Modal refused the credentials: {text}. "
+                + CREDENTIALS_ADVICE.format(path=path)
+            )
+        if isinstance(exc, self.unreachable):
+            return BackendNotAvailable(
+                f"{doing}: could not reach Modal: {text}. Check this host's network and "
+                "proxy settings (Modal is reached over HTTPS at api.modal.com)."
+            )
+        if isinstance(exc, self.gone):
+            return SandboxGone(f"{doing}: the sandbox is no longer running: {text}")
+        if isinstance(exc, self.not_found):
+            return EnvironmentFailure(f"{doing}: not found: {text}")
+        return EnvironmentFailure(f"{doing}: Modal said: {type(exc).__name__}: {text}")
+
+
+def _credentials_problem(sdk: Any) -> str | None:
+    """Why the SDK will not authenticate, checked without a network call; None if it has
+    credentials (the SDK reads them from the environment and the config file)."""
+    settings = sdk.config.config
+    path = str(getattr(sdk.config, "user_config_path", "~/.modal.toml"))
+    token_id = settings.get("token_id")
+    token_secret = settings.get("token_secret")
+    if token_id and token_secret:
+        return None
+    oauth = ("oauth_refresh_token", "oauth_client_id", "oauth_client_secret", "oauth_jwt_key")
+    if any(settings.get(key) for key in oauth):
+        return None  # an OAuth setup; the SDK says itself what is incomplete in it
+    advice = CREDENTIALS_ADVICE.format(path=path)
+    if token_id or token_secret:
+        missing = "MODAL_TOKEN_SECRET" if token_id else "MODAL_TOKEN_ID"
+        return f"the modal backend has half a Modal token: {missing} is missing; {advice}"
+    return f"the modal backend needs Modal credentials and found none: {advice}"
+
+
+def _require_asyncio() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise BackendNotAvailable(
+            "the modal backend runs on asyncio (the modal SDK's async calls need it): run "
+            "hermes-sandbox under asyncio, anyio's default backend, not trio"
+        ) from None
+
+
+# -- the exec stream ---------------------------------------------------------------------
+
+
+class ModalExecStream(ExecStream):
+    """A ``Sandbox.exec`` process's stdin and stdout as one byte stream.
+
+    stdout is read through the SDK's reader as bytes; stdin is written and drained in
+    chunks; stderr is read all along by a background task (on the event loop, as the
+    SDK's I/O is) and its last few KiB kept in :attr:`stderr_tail`, complete once
+    :meth:`wait` returns. With ``close_stdin`` the process gets end of input at once.
+    Closing the stream ends stdin, waits ``exit_grace`` seconds for the process to exit
+    and otherwise calls ``reap`` to kill it inside the sandbox.
+
+    With ``diagnose``, a stream whose output ends with the process killed (or its exit
+    unknown) asks it why; a reason (the sandbox stopped) is added to :attr:`stderr_tail`
+    before the end is reported, so whoever explains the end (the relay) can say it.
+    """
+
+    def __init__(
+        self,
+        process: Any,
+        *,
+        foreign: tuple[type[BaseException], ...],
+        close_stdin: bool,
+        exit_grace: float,
+        reap: Callable[[], Awaitable[None]] | None,
+        diagnose: Callable[[], Awaitable[str | None]] | None = None,
+    ) -> None:
+        self._process = process
+        self._stdin = process.stdin
+        self._foreign = foreign
+        # What writing to stdin raises once it is closed, and closing a reader in use.
+        self._write_errors: tuple[type[BaseException], ...] = (*foreign, ValueError, BufferError)
+        self._close_errors: tuple[type[BaseException], ...] = (*foreign, RuntimeError)
+        self._reader: Any = None
+        self._buffer = b""
+        self._eof = False
+        self._eof_sent = close_stdin
+        self._closed = False
+        self._returncode: int | None = None
+        self._exit_grace = exit_grace
+        self._reap = reap
+        self._diagnose = diagnose
+        self._send_lock = anyio.Lock()
+        self._background_done = anyio.Event()
+        self.stderr_tail = b""
+        # A plain asyncio task: the stream outlives the call that opened it, so it has
+        # no task group to live in, and the SDK needs asyncio anyway.
+        self._background = asyncio.get_running_loop().create_task(self._read_stderr(close_stdin))
+
+    async def _read_stderr(self, close_stdin: bool) -> None:
+        try:
+            if close_stdin:
+                try:
+                    self._stdin.write_eof()
+                    await self._stdin.drain.aio()
+                except self._write_errors as exc:
+                    log.debug("could not close an exec's stdin: %s", exc)
+            try:
+                async for chunk in self._process.stderr:
+                    data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+                    self.stderr_tail = (self.stderr_tail + data)[-_STDERR_TAIL:]
+            except self._foreign as exc:  # diagnostics only: not a reason to fail
+                log.debug("an exec's stderr broke: %s", exc)
+        finally:
+            self._background_done.set()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        while not self._buffer:
+            if self._eof:
+                raise anyio.EndOfStream
+            if self._reader is None:
+                self._reader = aiter(self._process.stdout)
+            try:
+                chunk = await anext(self._reader)
+            except StopAsyncIteration:
+                self._eof = True
+                self._reader = None
+                await self._explain_end()
+                raise anyio.EndOfStream from None
+            except self._foreign as exc:
+                self._reader = None
+                await self._explain_end()
+                raise anyio.BrokenResourceError(f"the exec's output broke: {exc}") from exc
+            except BaseException:
+                # Cancelled mid-read: that iterator is finished, and the SDK's reader
+                # resumes at its offset in a new one.
+                self._reader = None
+                raise
+            self._buffer = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+        data, self._buffer = self._buffer[:max_bytes], self._buffer[max_bytes:]
+        return data
+
+    async def _explain_end(self) -> None:
+        """The output ended: if the process was killed or its exit is unknown, ask
+        ``diagnose`` why and keep the answer in stderr_tail."""
+        if self._diagnose is None:
+            return
+        code: int | None = None
+        with anyio.move_on_after(_EXIT_SECONDS):
+            try:
+                code = self._returncode = int(await self._process.wait.aio())
+            except self._foreign:
+                pass
+        if code is not None and 0 <= code < 128:
+            return  # it exited by itself
+        reason = await self._diagnose()
+        if reason:
+            self.stderr_tail = (self.stderr_tail + f"\n{reason}".encode())[-_STDERR_TAIL:]
+
+    async def send(self, item: bytes) -> None:
+        if self._closed or self._eof_sent:
+            raise anyio.ClosedResourceError
+        async with self._send_lock:
+            try:
+                for start in range(0, len(item), _STDIN_CHUNK):
+                    self._stdin.write(item[start : start + _STDIN_CHUNK])
+                    await self._stdin.drain.aio()
+            except self._write_errors as exc:
+                raise anyio.BrokenResourceError(f"the exec's input broke: {exc}") from exc
+
+    async def send_eof(self) -> None:
+        if self._eof_sent:
+            return
+        self._eof_sent = True
+        async with self._send_lock:
+            try:
+                self._stdin.write_eof()
+                await self._stdin.drain.aio()
+            except self._write_errors as exc:
+                raise anyio.BrokenResourceError(f"the exec's input broke: {exc}") from exc
+
+    async def wait(self) -> int:
+        """The exec's exit code (128+N for signal N), once its stderr is read."""
+        if self._returncode is None:
+            try:
+                self._returncode = int(await self._process.wait.aio())
+            except self._foreign as exc:
+                raise anyio.BrokenResourceError(f"waiting for the exec failed: {exc}") from exc
+        with anyio.move_on_after(_STDERR_JOIN_SECONDS):
+            await self._background_done.wait()
+        return self._returncode
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if not self._eof_sent:
+                self._eof_sent = True
+                with anyio.move_on_after(_EOF_SECONDS):
+                    try:
+                        async with self._send_lock:
+                            self._stdin.write_eof()
+                            await self._stdin.drain.aio()
+                    except self._write_errors:
+                        pass
+            if self._returncode is None:
+                with anyio.move_on_after(self._exit_grace):
+                    try:
+                        self._returncode = int(await self._process.wait.aio())
+                    except self._foreign:
+                        pass
+                if self._returncode is None and self._reap is not None:
+                    await self._reap()
+            if not self._background.done():
+                self._background.cancel()
+                await asyncio.wait([self._background], timeout=1.0)
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                try:
+                    await reader.aclose()
+                except self._close_errors:
+                    pass
+
+
+# -- the environment -------------------------------------------------------------------
+
+# Sandboxes this process uses, with how many open environments share each: a
+# non-persistent sandbox is terminated when its last user in this process closes.
+_SHARED: dict[str, int] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class ModalEnvironment(HelperEnvironment):
+    """A Modal Sandbox (see the module docstring).
+
+    ``config`` says which app, image and limits; ``env`` holds variables every command
+    and script gets (added to the image's own; nothing of the host's goes in
+    otherwise); ``kill_grace`` is how long a command gets between SIGTERM and SIGKILL;
+    ``python`` overrides ``config.python``.
+    """
+
+    name: ClassVar[str] = "modal"
+    where: ClassVar[str] = "in the Modal sandbox"
+
+    def __init__(
+        self,
+        config: ModalConfig | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        kill_grace: float = 2.0,
+        python: str | None = None,
+    ) -> None:
+        self.config = config or ModalConfig()
+        self._env = dict(env or {})
+        self.kill_grace = kill_grace
+        self._python = python or self.config.python
+        self._sdk: Any = None
+        self._errors: _SdkErrors | None = None
+        self._sandbox: Any = None
+        self.sandbox_id: str | None = None
+        self.resumed = False  # start() attached to a running sandbox found by its name
+        self._lost: str | None = None
+        self._closed = False
+        self._workdir_ready = False  # then commands and execs start in config.workdir
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Mapping[str, Any],
+        *,
+        env: Mapping[str, str],
+        kill_grace: float,
+        task_id: str | None,
+        python: str | None,
+    ) -> ModalEnvironment:
+        data = dict(settings)
+        if python:
+            data["python"] = python
+        return cls(ModalConfig.from_mapping(data), env=env, kill_grace=kill_grace)
+
+    @classmethod
+    def availability(cls, settings: Mapping[str, Any]) -> str | None:
+        """Why the backend cannot be used here: no SDK, bad settings or no credentials
+        (no network call: whether Modal accepts them shows at start)."""
+        try:
+            sdk = _modal()
+        except BackendNotAvailable as exc:
+            return str(exc)
+        try:
+            ModalConfig.from_mapping(settings)
+        except (TypeError, ValueError) as exc:
+            return f"bad settings: {exc}"
+        return _credentials_problem(sdk)
+
+    @property
+    def python(self) -> str:
+        return self._python
+
+    @property
+    def default_cwd(self) -> str:
+        return self.config.workdir
+
+    @property
+    def lost(self) -> str | None:
+        """Why the sandbox stopped while in use (terminated from outside, or its lifetime
+        ran out), or None while it runs (or was stopped by :meth:`aclose`)."""
+        return self._lost
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume the named sandbox or create one; make the working directory.
+
+        Raises BackendNotAvailable (no SDK, no credentials, not on asyncio, Modal
+        unreachable or refusing the credentials) or EnvironmentFailure (Modal could not
+        create or run the sandbox, the image has no Python). A sandbox made for a start
+        that then fails is terminated before the error is raised.
+        """
+        if self._closed:
+            raise EnvironmentFailure("this modal environment was closed; make a new one")
+        if self._sandbox is not None:
+            return
+        sdk = _modal()
+        _require_asyncio()
+        problem = _credentials_problem(sdk)
+        if problem is not None:
+            raise BackendNotAvailable(problem)
+        self._sdk = sdk
+        self._errors = _SdkErrors.of(sdk)
+        config = self.config
+        app = await self._call(
+            f"looking up the Modal app {config.app_name!r}",
+            sdk.App.lookup.aio,
+            config.app_name,
+            create_if_missing=True,
+            environment_name=config.modal_environment,
+        )
+        sandbox = await self._find_named() if config.sandbox_name else None
+        if sandbox is None:
+            sandbox = await self._create(app)
+        else:
+            self.resumed = True
+        self._sandbox = sandbox
+        self.sandbox_id = str(sandbox.object_id)
+        with _SHARED_LOCK:
+            _SHARED[self.sandbox_id] = _SHARED.get(self.sandbox_id, 0) + 1
+        try:
+            await self._make_workdir()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+            raise
+
+    async def _find_named(self) -> Any:
+        """The running sandbox of the configured name, or None."""
+        config, errors = self.config, self._require_errors()
+        try:
+            return await self._sdk.Sandbox.from_name.aio(
+                config.app_name, config.sandbox_name, environment_name=config.modal_environment
+            )
+        except errors.not_found:
+            return None
+        except errors.foreign as exc:
+            raise self._translate(
+                f"looking for the sandbox {config.sandbox_name!r} in the app {config.app_name!r}",
+                exc,
+            ) from exc
+
+    async def _create(self, app: Any) -> Any:
+        config, errors = self.config, self._require_errors()
+        doing = f"creating a Modal sandbox from the image {config.image!r}"
+        try:
+            image = self._sdk.Image.from_registry(config.image)
+        except errors.foreign as exc:
+            raise self._translate(doing, exc) from exc
+        options: dict[str, Any] = {
+            "app": app,
+            "image": image,
+            "timeout": config.timeout,
+            "block_network": config.block_network,
+        }
+        optional = {
+            "name": config.sandbox_name,
+            "idle_timeout": config.idle_timeout,
+            "cpu": config.cpu,
+            "memory": config.memory,
+            "region": config.region,
+            "cloud": config.cloud,
+        }
+        options.update({key: value for key, value in optional.items() if value is not None})
+        try:
+            return await self._sdk.Sandbox.create.aio(**options)
+        except errors.exists as exc:
+            # Made under that name by someone else since we looked: use theirs.
+            found = await self._find_named()
+            if found is None:
+                raise self._translate(doing, exc) from exc
+            self.resumed = True
+            return found
+        except errors.foreign as exc:
+            raise self._translate(doing, exc) from exc
+
+    async def _make_workdir(self) -> None:
+        """Make the working directory; the first exec also shows the image has Python."""
+        workdir = self.config.workdir
+        result = await self.execute(f"mkdir -p -- {shlex.quote(workdir)}", timeout=120)
+        if result.exit_code != 0:
+            raise EnvironmentFailure(
+                f"could not make the working directory {workdir} {self.where}: "
+                f"exit code {result.exit_code}: {result.output.strip()[-2000:]}"
+            )
+        self._workdir_ready = True
+
+    async def aclose(self) -> None:
+        """Terminate the sandbox (unless persistent, or still used by another environment
+        of this process) and let go of it. Idempotent; not cancellable; never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            sandbox, self._sandbox = self._sandbox, None
+            if sandbox is None:
+                return
+            foreign = self._require_errors().foreign
+            if self._release_share():
+                try:
+                    with anyio.move_on_after(_TERMINATE_SECONDS) as waited:
+                        await sandbox.terminate.aio(wait=True)
+                    if waited.cancelled_caught:
+                        log.warning(
+                            "Modal has not confirmed that sandbox %s ended after %.0f s; it "
+                            "ends at the latest when its timeout of %d s runs out",
+                            self.sandbox_id,
+                            _TERMINATE_SECONDS,
+                            self.config.timeout,
+                        )
+                except foreign as exc:
+                    # Not raised: aclose runs in finally blocks. The sandbox's own
+                    # lifetime ends it if this did not.
+                    log.warning("could not terminate sandbox %s: %s", self.sandbox_id, exc)
+            try:
+                await sandbox.detach.aio()
+            except foreign as exc:
+                log.debug("detaching from sandbox %s: %s", self.sandbox_id, exc)
+
+    def _release_share(self) -> bool:
+        """Drop this environment's use of the sandbox; True if it should be terminated."""
+        assert self.sandbox_id is not None
+        with _SHARED_LOCK:
+            users = _SHARED.get(self.sandbox_id, 1) - 1
+            if users > 0:
+                _SHARED[self.sandbox_id] = users
+                return False
+            _SHARED.pop(self.sandbox_id, None)
+        return not self.config.persist
+
+    # -- the SDK boundary ------------------------------------------------------------------
+
+    def _require_errors(self) -> _SdkErrors:
+        if self._errors is None:
+            raise EnvironmentFailure("the modal environment is not started")
+        return self._errors
+
+    def _require_started(self) -> Any:
+        if self._sandbox is None:
+            if self._lost is not None:
+                raise SandboxGone(self._lost)
+            state = "closed" if self._closed else "not started"
+            raise EnvironmentFailure(f"the modal environment is {state}")
+        return self._sandbox
+
+    def _translate(self, doing: str, exc: BaseException) -> BackendError:
+        path = str(getattr(self._sdk.config, "user_config_path", "~/.modal.toml"))
+        return self._require_errors().translate(doing, exc, path=path)
+
+    async def _call(self, doing: str, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+        """Await an SDK call; translate what it raises."""
+        try:
+            return await fn(*args, **kw)
+        except self._require_errors().foreign as exc:
+            raise self._translate(doing, exc) from exc
+
+    async def _gone_reason(self) -> str | None:
+        """Why the sandbox is no longer running, asking Modal; None if it runs (or if
+        Modal cannot say)."""
+        if self._lost is not None:
+            return self._lost
+        sandbox = self._sandbox
+        if sandbox is None:
+            return None
+        code: int | None = None
+        with anyio.move_on_after(_POLL_SECONDS):
+            try:
+                code = await sandbox.poll.aio()
+            except self._require_errors().foreign as exc:
+                log.debug("polling sandbox %s: %s", self.sandbox_id, exc)
+        if code is None:
+            return None
+        self._lost = (
+            f"the Modal sandbox {self.sandbox_id} stopped while in use (exit code {code}): "
+            f"it was terminated from outside, or its lifetime (timeout={self.config.timeout}s"
+            + (f", idle_timeout={self.config.idle_timeout}s" if self.config.idle_timeout else "")
+            + ") ran out"
+        )
+        return self._lost
+
+    async def _explained(self, exc: EnvironmentFailure) -> EnvironmentFailure:
+        """``exc``, or a SandboxGone saying why if the sandbox has stopped."""
+        if isinstance(exc, SandboxGone):
+            if self._lost is None:
+                self._lost = str(exc)
+            return exc
+        reason = await self._gone_reason()
+        return exc if reason is None else SandboxGone(reason)
+
+    # -- processes -------------------------------------------------------------------------
+
+    async def _open_exec(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: bool,
+        reap: bool = True,
+        diagnose: bool = False,
+    ) -> ModalExecStream:
+        sandbox = self._require_started()
+        errors = self._require_errors()
+        token = secrets.token_hex(12)
+        merged = {**self._env, **(env or {}), EXEC_MARK: token}
+        workdir = cwd or (self.config.workdir if self._workdir_ready else None)
+        try:
+            process = await sandbox.exec.aio(*argv, workdir=workdir, env=merged, text=False)
+        except errors.foreign as exc:
+            failure = self._translate(f"starting {argv[0]!r} {self.where}", exc)
+            if isinstance(failure, EnvironmentFailure):
+                failure = await self._explained(failure)
+            raise failure from exc
+
+        async def kill_leftovers() -> None:
+            await self._kill_exec(token)
+
+        return ModalExecStream(
+            process,
+            foreign=errors.foreign,
+            close_stdin=not stdin,
+            exit_grace=self.kill_grace + 3.0,
+            reap=kill_leftovers if reap else None,
+            diagnose=self._gone_reason if diagnose else None,
+        )
+
+    async def open_exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ModalExecStream:
+        """Start ``argv`` in the sandbox, stdin and stdout as the stream (the relay's
+        channel). If its output ends because the sandbox stopped, the stream's
+        stderr_tail says so."""
+        return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True, diagnose=True)
+
+    async def _kill_exec(self, token: str) -> None:
+        """Kill, inside the sandbox, an exec that did not end when its stream closed
+        (Modal cannot kill one exec), with all it started."""
+        argv = [self.python, "-c", HELPER_SOURCE, "kill", token, str(self.kill_grace)]
+        try:
+            stream = await self._open_exec(argv, env=None, cwd=None, stdin=False, reap=False)
+            try:
+                async for _ in stream:
+                    pass
+                await stream.wait()
+            finally:
+                await stream.aclose()
+        except (BackendError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            log.warning("could not kill an exec's processes %s: %s", self.where, exc)
+
+    async def execute(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_COMMAND_OUTPUT,
+    ) -> CommandResult:
+        """Run ``command`` with /bin/sh in the sandbox (see HelperEnvironment.execute).
+
+        Raises SandboxGone if the sandbox stopped, also while the command ran.
+        """
+        try:
+            result = await super().execute(
+                command, timeout=timeout, cwd=cwd, max_output_bytes=max_output_bytes
+            )
+        except EnvironmentFailure as exc:
+            raise await self._explained(exc) from exc
+        if result.exit_code == 137 and not result.timed_out:  # SIGKILL: was it the sandbox?
+            reason = await self._gone_reason()
+            if reason is not None:
+                raise SandboxGone(reason)
+        return result
+
+    async def _helper(self, verb: str, *args: str, data: bytes | None = None) -> bytes:
+        try:
+            return await super()._helper(verb, *args, data=data)
+        except EnvironmentFailure as exc:
+            raise await self._explained(exc) from exc
+
+    async def remove_tree(self, path: str) -> None:
+        """Remove a directory tree; nothing to do if the whole sandbox is gone."""
+        try:
+            await super().remove_tree(path)
+        except SandboxGone as exc:
+            log.info("not removing %s: %s", path, exc)
+
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "SDK_MISSING",
+    "ModalConfig",
+    "ModalEnvironment",
+    "ModalExecStream",
+    "SandboxGone",
+]
