@@ -902,7 +902,7 @@ class DockerEnvironment(HelperEnvironment):
                             )
                         )
                     except docker.errors.NotFound:
-                        pass
+                        pass  # removed already (it died, or someone removed it)
                     except (
                         docker.errors.DockerException,
                         requests.exceptions.RequestException,
@@ -912,8 +912,8 @@ class DockerEnvironment(HelperEnvironment):
                         log.warning(
                             "could not remove container %s: %s", container_id, _engine_message(exc)
                         )
-                    else:
-                        await anyio.to_thread.run_sync(_remove_shared_dir, self._labels)
+                        return
+                    await anyio.to_thread.run_sync(_remove_shared_dir, self._labels)
             finally:
                 await anyio.to_thread.run_sync(client.close)
 

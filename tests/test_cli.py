@@ -392,3 +392,33 @@ def test_tools_module_can_be_a_directory_of_tool_files(tmp_path, write):
     done = cli("run", "script.py", "--tools-module", "mytools", "--tools", "triple", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "12\n"
+
+
+def test_backends_lists_each_backend_and_why_not(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODAL_", "DAYTONA_"))}
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/no-engine.sock"
+    env["PATH"] = "/usr/bin:/bin"  # no apptainer here
+    env["MODAL_CONFIG_PATH"] = str(tmp_path / "no-modal.toml")
+    done = cli("backends", "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    rows = {row["backend"]: row for row in json.loads(done.stdout)}
+    assert list(rows) == ["local", "docker", "ssh", "singularity", "modal", "daytona"]
+    assert rows["local"] == {"backend": "local", "available": True, "reason": None}
+    expected = {
+        "docker": "no-engine.sock",
+        "ssh": "host",
+        "singularity": "apptainer",
+        "modal": "MODAL_TOKEN_ID",
+        "daytona": "DAYTONA_API_KEY",
+    }
+    for name, word in expected.items():
+        assert rows[name]["available"] is False, rows[name]
+        assert word in rows[name]["reason"], rows[name]
+    # the config's sections count: with a host, ssh is available as far as can be told
+    config = tmp_path / "config.yaml"
+    config.write_text("backends:\n  ssh:\n    host: build.example\n")
+    done = cli("backends", "--config", str(config), cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()}
+    assert lines["ssh"].split()[1] == "available"
+    assert "not available" in lines["docker"]

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -934,3 +936,97 @@ def test_output_caps_and_exit_codes_hold_in_a_container(engine: Any, tmp_path: P
     assert result.output.startswith("line 000000 ")
     assert "line 019999 " in result.output
     assert result.output.endswith("--- stderr ---\nboom\n")
+
+
+@pytest.mark.parametrize("transport", ["unix", "relay", "files"])
+def test_a_container_that_dies_mid_run(engine: Any, transport: str) -> None:
+    """Removed from under a running script: the run ends soon, says the sandbox went
+    away, and nothing of it is left (the container, its shared directory)."""
+    case = f"dies-{uuid.uuid4().hex[:8]}"
+    found: dict[str, Any] = {}
+
+    def remove_when_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            entries = engine.api.containers(filters={"label": [f"case={case}"]})
+            if entries:
+                found.update(entries[0])
+                time.sleep(3)  # staged and started by now
+                engine.api.remove_container(entries[0]["Id"], force=True)
+                return
+            time.sleep(0.05)
+
+    remover = threading.Thread(target=remove_when_running)
+    remover.start()
+    started = time.monotonic()
+    try:
+        result = docker_run(
+            "import time\nprint('started', flush=True)\ntime.sleep(120)\n",
+            backend_options={"labels": {TEST_LABEL: RUN_ID, "case": case}},
+            transport=transport,
+            timeout=90,
+        )
+    finally:
+        remover.join()
+    assert found, "the run's container never appeared"
+    assert time.monotonic() - started < 45
+    assert result.status == "error", result.to_dict()
+    assert result.exit_code == 255
+    assert "lost" in (result.error or ""), result.error
+    assert not container_exists(engine, found["Id"])
+    shared = found["Labels"].get(docker_backend.LABEL_SHARED)
+    if shared:
+        assert not os.path.exists(os.path.dirname(shared)), "the shared directory was left"
+
+
+@pytest.mark.anyio
+async def test_the_auto_shared_dir_is_made_for_the_container_and_removed(engine: Any) -> None:
+    environment = DockerEnvironment(make_config())
+    await environment.start()
+    try:
+        shared = environment.shared_directory
+        assert shared is not None and await anyio.Path(shared).is_dir()
+        private = anyio.Path(os.path.dirname(shared))
+        assert stat.S_IMODE((await private.stat()).st_mode) == 0o700
+        # the container sees it at the same path, and writes land on the host
+        result = await environment.execute(f"echo inside > {shared}/probe")
+        assert result.exit_code == 0, result.output
+        assert await anyio.Path(shared, "probe").read_text() == "inside\n"
+    finally:
+        await environment.aclose()
+    assert not await private.exists()
+
+
+@pytest.mark.anyio
+async def test_no_shared_dir_means_the_relay(engine: Any) -> None:
+    async with DockerEnvironment(make_config(shared_dir="none")) as environment:
+        assert environment.shared_directory is None
+    result = docker_run("print('ran')", backend_options={"shared_dir": "none"})
+    assert (result.status, result.output) == ("success", "ran\n")
+    refused = None
+    try:
+        docker_run("print('ran')", backend_options={"shared_dir": "none"}, transport="unix")
+    except Exception as exc:  # RunError: the unix transport needs a shared directory
+        refused = exc
+    assert refused is not None and "relay" in str(refused)
+
+
+def test_tilde_is_the_containers_home_not_the_hosts(engine: Any) -> None:
+    """~ in a tool's path is the home of the container's user (here HOME=/workspace,
+    which the host does not have), not the host's."""
+    result = docker_run(
+        """
+        from hermes_tools import read_file, terminal, write_file
+        print(write_file("~/note.txt", "in the container's home")["path"])
+        print(read_file("~/note.txt")["content"])
+        print(terminal("cat $HOME/note.txt")["output"])
+        """,
+        env={"HOME": "/workspace"},
+    )
+    assert result.status == "success", result.to_dict()
+    assert result.output.splitlines()[:3] == [
+        "/workspace/note.txt",
+        "in the container's home",
+        "in the container's home",
+    ]
+    assert not os.path.exists("/workspace/note.txt")

@@ -1,0 +1,422 @@
+"""One conformance suite: the same scenarios over every backend x transport here.
+
+Each scenario is a whole run through :func:`sandbox.execute_code` with a real script:
+tool calls from ten threads, a timeout that must kill the script's whole tree, the
+tool-call budget, the output caps, the scrubbed environment, a request with a wrong
+token, and a script that fails. Only the target differs: ``local`` on this machine,
+``docker`` in a container of the engine (scripts/podman-service), over each transport
+the backend offers. Checks that a process is gone ask *inside* the target, through an
+environment held open for the session, so a pid means what it means there.
+
+A backend that cannot run here is skipped with its reason printed, except under CI
+(CI=true), where that is a failure (conftest.require).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio.from_thread
+import pytest
+from conftest import (
+    IMAGE,
+    RAW_ASK,
+    RUN_ID,
+    TEST_LABEL,
+    engine_problem,
+    require,
+    ssh_server_from_environment,
+    ssh_server_from_service,
+)
+
+from environments import Environment
+from environments.docker import DockerConfig, DockerEnvironment
+from environments.local import LocalEnvironment
+from environments.singularity import SingularityEnvironment
+from environments.ssh import SSHEnvironment
+from sandbox import ExecutionResult, execute_code
+
+TIMEOUT = 60.0
+REPO = Path(__file__).resolve().parent.parent
+
+TARGETS = [
+    ("local", "unix"),
+    ("local", "relay"),
+    ("local", "files"),
+    ("docker", "unix"),
+    ("docker", "relay"),
+    ("docker", "files"),
+    ("ssh", "relay"),
+    # A stand-in for the apptainer command (tests/fakes/apptainer) that runs commands on
+    # this machine: the backend's plumbing, not Apptainer's containment, is checked.
+    ("singularity", "relay"),
+    ("singularity", "unix"),
+    ("singularity", "files"),
+    # Fakes of the modal and daytona SDKs whose sandboxes are local processes (the
+    # services cannot be reached from here; their tests check every SDK call against
+    # the installed SDK's signatures).
+    ("modal", "relay"),
+    ("daytona", "relay"),
+]
+
+# Python run inside the target: which of the pids in argv still run (not zombies).
+ALIVE = (
+    "import sys\n"
+    "for pid in sys.argv[1:]:\n"
+    "    try:\n"
+    "        state = open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()[0]\n"
+    "    except (OSError, IndexError):\n"
+    "        continue\n"
+    "    if state not in ('Z', 'X'):\n"
+    "        print(pid)\n"
+)
+
+
+@dataclass
+class Target:
+    """Where a scenario runs, and an environment held open there for checking."""
+
+    backend: str
+    transport: str
+    environment: Environment
+    portal: Any
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, code: str, **options: Any) -> ExecutionResult:
+        options.setdefault("timeout", TIMEOUT)
+        return execute_code(
+            textwrap.dedent(code),
+            backend=self.backend,
+            transport=self.transport,
+            **{**self.options, **options},
+        )
+
+    def alive(self, pids: list[int]) -> list[int]:
+        """Those of ``pids`` still running inside the target."""
+        command = "python3 -c " + _quote(ALIVE) + " " + " ".join(str(p) for p in pids)
+        result = self.portal.call(self.environment.execute, command)
+        assert result.exit_code == 0, result.output
+        return [int(line) for line in result.output.split()]
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+@pytest.fixture(scope="session")
+def portal() -> Iterator[Any]:
+    with anyio.from_thread.start_blocking_portal() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def held_local(portal: Any) -> Iterator[Environment]:
+    environment = LocalEnvironment()
+    portal.call(environment.start)
+    yield environment
+    portal.call(environment.aclose)
+
+
+@pytest.fixture(scope="session")
+def held_docker(portal: Any) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """A container for the session; runs given its task id share it."""
+    require(engine_problem(), "the docker conformance runs need a container engine")
+    task_id = f"conformance-{RUN_ID}"
+    settings = {"image": IMAGE, "labels": {TEST_LABEL: RUN_ID}}
+    environment = DockerEnvironment(DockerConfig(task_id=task_id, **settings))
+    portal.call(environment.start)
+    yield environment, {"task_id": task_id, "backend_options": settings}
+    portal.call(environment.aclose)
+
+
+@pytest.fixture(scope="session")
+def held_ssh(portal: Any) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """A connection to the test sshd (scripts/sshd-service) for checking."""
+    values = ssh_server_from_environment()
+    problem = None
+    if values is None:
+        values, problem = ssh_server_from_service()
+        if not values or "HOST" not in values:
+            values = None
+    require(None if values else problem, "the ssh conformance runs need an SSH server")
+    assert values is not None
+    settings = {
+        "host": values["HOST"],
+        "port": int(values["PORT"]),
+        "user": values["USER"],
+        "key_file": values["KEY"],
+        "known_hosts": values["KNOWN_HOSTS"],
+    }
+    environment = SSHEnvironment.for_run(
+        settings, env={}, kill_grace=2.0, task_id=None, python=None
+    )
+    portal.call(environment.start)
+    yield environment, {"backend_options": settings}
+    portal.call(environment.aclose)
+
+
+@pytest.fixture
+def held_singularity(
+    portal: Any, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """The apptainer stand-in first on PATH, and an instance of the run's task."""
+    work = tmp_path_factory.mktemp("apptainer")
+    bin_dir = work / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").symlink_to(REPO / "tests" / "fakes" / "apptainer")
+    plain = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+    (bin_dir / "python3").symlink_to(plain)  # not a version manager's slow shim
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HERMES_FAKE_APPTAINER_LOG", str(work / "calls.jsonl"))
+    monkeypatch.setenv("HERMES_FAKE_APPTAINER_STATE", str(work / "state"))
+    image = work / "python.sif"
+    image.write_bytes(b"a stand-in image")
+    shared = tempfile.mkdtemp(prefix="hs-conf-")
+    task_id = f"conformance-{uuid.uuid4().hex[:8]}"
+    settings = {"image": str(image), "shared_dir": shared}
+    environment = SingularityEnvironment.for_run(
+        settings, env={}, kill_grace=2.0, task_id=task_id, python=None
+    )
+    portal.call(environment.start)
+    try:
+        yield environment, {"backend_options": settings, "task_id": task_id}
+    finally:
+        portal.call(environment.aclose)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def held_modal(
+    held_local: Environment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """The fake modal SDK in place; its sandboxes' processes are this machine's, so the
+    local environment checks on them."""
+    from fakes.modal_fake import FakeModal
+
+    import environments.modal as modal_backend
+
+    world = FakeModal(str(tmp_path / "modal-home"))
+    monkeypatch.setattr(modal_backend, "_sdk", world)
+    options = {"python": sys.executable, "workdir": str(tmp_path / "workspace")}
+    try:
+        yield held_local, {"backend_options": options}
+        deadline = time.monotonic() + 2
+        while world.live_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not world.live_processes(), "processes of a modal sandbox outlived its run"
+    finally:
+        world.shutdown()
+
+
+@pytest.fixture
+def held_daytona(
+    held_local: Environment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """The fake daytona SDK in place (sandboxes are local processes, as for modal)."""
+    from fakes.daytona_fake import FakeDaytonaCloud
+
+    import environments.daytona as daytona_backend
+
+    cloud = FakeDaytonaCloud(tmp_path / "cloud")
+    monkeypatch.setattr(daytona_backend, "_sdk", cloud.sdk())
+    monkeypatch.setenv("DAYTONA_API_KEY", "test-key")
+    try:
+        yield held_local, {"backend_options": {"python": sys.executable}}
+        assert cloud.live() == [], "a daytona sandbox outlived its run"
+    finally:
+        cloud.close()
+
+
+@pytest.fixture(params=TARGETS, ids=[f"{b}-{t}" for b, t in TARGETS])
+def target(request: pytest.FixtureRequest, portal: Any) -> Target:
+    backend, transport = request.param
+    if backend == "local":
+        return Target(backend, transport, request.getfixturevalue("held_local"), portal)
+    environment, options = request.getfixturevalue(f"held_{backend}")
+    return Target(backend, transport, environment, portal, options)
+
+
+def _lines(result: ExecutionResult) -> list[str]:
+    return result.output.strip().splitlines()
+
+
+# -- the scenarios -------------------------------------------------------------------------
+
+
+def test_tool_calls_from_ten_threads(target: Target) -> None:
+    result = target.run(
+        """
+        import json, threading
+        from hermes_tools import terminal
+        results = {}
+        def work(i):
+            results[i] = terminal(command="echo thread-%d" % i)["output"].strip()
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(json.dumps(results, sort_keys=True))
+        """
+    )
+    assert result.status == "success", result.output
+    assert json.loads(result.output) == {str(i): f"thread-{i}" for i in range(10)}
+    assert result.tool_calls_made == 10
+
+
+def test_timeout_kills_the_whole_tree(target: Target) -> None:
+    result = target.run(
+        """
+        import os, subprocess, sys, time
+        child = subprocess.Popen(
+            [sys.executable, "-c",
+             "import subprocess, sys, time\\n"
+             "p = subprocess.Popen([sys.executable, '-c', "
+             "'import os, time; os.setsid(); time.sleep(300)'])\\n"
+             "print(p.pid, flush=True)\\n"
+             "time.sleep(300)\\n"],
+            stdout=subprocess.PIPE,
+        )
+        grandchild = int(child.stdout.readline())
+        print(os.getpid(), child.pid, grandchild, flush=True)
+        time.sleep(300)
+        """,
+        timeout=4,
+    )
+    assert result.status == "timeout", result.output
+    assert "timed out after 4s" in (result.error or "")
+    pids = [int(p) for p in _lines(result)[0].split()]
+    assert len(pids) == 3
+    assert target.alive(pids) == [], f"{pids} survived the timeout in {target.backend}"
+
+
+def test_budget_refuses_calls_past_the_limit(target: Target) -> None:
+    result = target.run(
+        """
+        import json
+        from hermes_tools import terminal
+        kinds = []
+        for i in range(5):
+            reply = terminal(command="echo %d" % i)
+            kinds.append(reply.get("error_kind", "ok"))
+        print(json.dumps(kinds))
+        """,
+        max_tool_calls=3,
+    )
+    assert result.status == "success", result.output
+    assert json.loads(result.output) == ["ok"] * 3 + ["budget_exhausted"] * 2
+    assert result.tool_calls_made == 3
+
+
+def test_output_caps_keep_head_and_tail(target: Target) -> None:
+    result = target.run(
+        """
+        import sys
+        sys.stdout.write("HEAD-MARK" + "x" * 3000000 + "TAIL-MARK\\n")
+        sys.stderr.write("~" * 100000)
+        """,
+        max_stdout_bytes=20000,
+        max_stderr_bytes=5000,
+    )
+    assert result.status == "success", result.error
+    assert result.stdout_truncated
+    assert result.stdout_bytes_total == 3000000 + 19
+    assert result.stdout_bytes_captured == 20000
+    assert "HEAD-MARK" in result.output and "TAIL-MARK" in result.output
+    stderr = result.output.split("--- stderr ---", 1)[1]
+    assert 0 < stderr.count("~") <= 5000
+
+
+def test_environment_is_scrubbed(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp-host-secret")
+    result = target.run(
+        """
+        import json, os
+        from hermes_tools import terminal
+        shell = terminal(command="env")["output"]
+        print(json.dumps({"script": dict(os.environ), "shell": shell}))
+        """,
+        env={"VISIBLE_SETTING": "yes"},
+    )
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    assert seen["script"]["VISIBLE_SETTING"] == "yes"
+    for secret in ("sk-host-secret", "ghp-host-secret"):
+        assert secret not in json.dumps(seen["script"])
+        assert secret not in seen["shell"]
+
+
+def test_a_wrong_token_is_refused_and_not_counted(target: Target) -> None:
+    result = target.run(
+        f"""
+        import json, os
+        from hermes_tools import terminal
+{textwrap.indent(RAW_ASK, " " * 8)}
+        request = {{"id": 5, "tool": "terminal", "args": {{"command": "echo no"}}}}
+        replies = [
+            ask({{**request, "token": "wrong"}}),
+            ask({{**request, "token": os.environ["HERMES_RPC_TOKEN"][:-1]}}),
+            ask(request),
+        ]
+        good = terminal(command="echo yes")["output"].strip()
+        print(json.dumps({{"replies": replies, "good": good}}))
+        """
+    )
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    assert [r["error"]["kind"] for r in seen["replies"]] == ["unauthorized"] * 3
+    assert all(r["id"] == 5 and "result" not in r for r in seen["replies"])
+    assert seen["good"] == "yes"
+    assert result.tool_calls_made == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code", "error"),
+    [
+        ("raise ValueError('boom')", 1, "ValueError: boom"),
+        ("import sys; sys.exit(3)", 3, "code 3"),
+        ("def broken(:\n    pass", 1, "SyntaxError"),
+    ],
+    ids=["exception", "exit-code", "syntax-error"],
+)
+def test_script_errors_are_reported(target: Target, code: str, exit_code: int, error: str) -> None:
+    result = target.run(code)
+    assert result.status == "error"
+    assert result.exit_code == exit_code
+    assert error in (result.error or "")
+
+
+def test_tools_act_where_the_script_runs(target: Target) -> None:
+    name = f"/tmp/conformance-{uuid.uuid4().hex}"
+    result = target.run(
+        f"""
+        import json
+        from hermes_tools import read_file, terminal, write_file
+        write_file(path={name!r}, content="made by a tool")
+        with open({name!r}) as f:
+            seen_by_script = f.read()
+        shell = terminal(command="cat {name}")["output"]
+        print(json.dumps({{"script": seen_by_script, "shell": shell}}))
+        """
+    )
+    on_host = os.path.exists(name)
+    target.portal.call(target.environment.execute, f"rm -f {name}")
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    assert seen == {"script": "made by a tool", "shell": "made by a tool"}
+    if target.backend == "docker":
+        assert not on_host, "a tool in a container wrote on the host"
+    if target.backend in ("modal", "daytona"):
+        assert on_host  # the fakes' sandboxes are this machine: the stand-in's limit
