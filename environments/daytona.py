@@ -764,6 +764,7 @@ class DaytonaEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "daytona"
+    settings_class: ClassVar[type[DaytonaSettings]] = DaytonaSettings
     where: ClassVar[str] = "in the Daytona sandbox"
     scratch_parent = "/tmp"
     # The codec kills its command when the host has been silent for idle_timeout
@@ -808,23 +809,6 @@ class DaytonaEnvironment(HelperEnvironment):
         has_key = os.environ.get("DAYTONA_API_KEY")
         has_jwt = os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID")
         return None if has_key or has_jwt else NO_CREDENTIALS
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: Mapping[str, Any],
-        *,
-        env: Mapping[str, str],
-        kill_grace: float,
-        task_id: str | None,
-        python: str | None,
-    ) -> DaytonaEnvironment:
-        data = dict(settings)
-        if task_id is not None:
-            data.setdefault("task_id", task_id)
-        if python:
-            data["python"] = python
-        return cls(DaytonaSettings.from_mapping(data), env=env, kill_grace=kill_grace)
 
     @property
     def python(self) -> str:

@@ -639,6 +639,7 @@ class DockerEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "docker"
+    settings_class: ClassVar[type[DockerConfig]] = DockerConfig
     where: ClassVar[str] = "in the container"
 
     def __init__(
@@ -661,23 +662,6 @@ class DockerEnvironment(HelperEnvironment):
         self._labels: dict[str, str] = {}  # the container's own labels
         self._closed = False
         self.threaded_io = False  # use threads for exec sockets even where not needed
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: Mapping[str, Any],
-        *,
-        env: Mapping[str, str],
-        kill_grace: float,
-        task_id: str | None,
-        python: str | None,
-    ) -> DockerEnvironment:
-        data = dict(settings)
-        if task_id is not None:
-            data.setdefault("task_id", task_id)
-        if python:
-            data["python"] = python
-        return cls(DockerConfig.from_mapping(data), env=env, kill_grace=kill_grace)
 
     @property
     def python(self) -> str:

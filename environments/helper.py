@@ -26,11 +26,12 @@ user's home), ``rmtree PATH``.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import errno as errno_module
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, cast
+from typing import Any, ClassVar, Self, cast
 
 import anyio
 
@@ -286,6 +287,10 @@ class HelperEnvironment(Environment):
 
     where: ClassVar[str] = "in the sandbox"
     can_spawn: ClassVar[bool] = False
+    # The backend's settings: a dataclass with ``from_mapping`` (refusing unknown keys),
+    # which the constructor takes first. for_run builds it, giving it the run's task_id
+    # and python where it has such fields.
+    settings_class: ClassVar[Any]
     scratch_parent: str = "/tmp"
     kill_grace: float = 2.0
     _home: str | None = None
@@ -301,6 +306,24 @@ class HelperEnvironment(Environment):
     ) -> ExecStream:
         """Start ``argv`` in the sandbox: stdin (if asked) and stdout as the stream,
         stderr kept in its ``stderr_tail``; ``env`` adds to the sandbox's variables."""
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Mapping[str, Any],
+        *,
+        env: Mapping[str, str],
+        kill_grace: float,
+        task_id: str | None,
+        python: str | None,
+    ) -> Self:
+        data = dict(settings)
+        fields = {f.name for f in dataclasses.fields(cls.settings_class)}
+        if task_id is not None and "task_id" in fields:
+            data.setdefault("task_id", task_id)
+        if python:
+            data["python"] = python
+        return cls(cls.settings_class.from_mapping(data), env=env, kill_grace=kill_grace)  # type: ignore[call-arg]
 
     @property
     def home(self) -> str | None:

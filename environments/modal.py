@@ -455,6 +455,7 @@ class ModalEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "modal"
+    settings_class: ClassVar[type[ModalConfig]] = ModalConfig
     where: ClassVar[str] = "in the Modal sandbox"
 
     def __init__(
@@ -477,21 +478,6 @@ class ModalEnvironment(HelperEnvironment):
         self._lost: str | None = None
         self._closed = False
         self._workdir_ready = False  # then commands and execs start in config.workdir
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: Mapping[str, Any],
-        *,
-        env: Mapping[str, str],
-        kill_grace: float,
-        task_id: str | None,
-        python: str | None,
-    ) -> ModalEnvironment:
-        data = dict(settings)
-        if python:
-            data["python"] = python
-        return cls(ModalConfig.from_mapping(data), env=env, kill_grace=kill_grace)
 
     @classmethod
     def availability(cls, settings: Mapping[str, Any]) -> str | None:

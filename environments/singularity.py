@@ -397,6 +397,7 @@ class SingularityEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "singularity"
+    settings_class: ClassVar[type[SingularityConfig]] = SingularityConfig
     where: ClassVar[str] = "in the Apptainer instance"
 
     def __init__(
@@ -424,23 +425,6 @@ class SingularityEnvironment(HelperEnvironment):
     @classmethod
     def availability(cls, settings: Mapping[str, Any]) -> str | None:
         return _availability(settings)
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: Mapping[str, Any],
-        *,
-        env: Mapping[str, str],
-        kill_grace: float,
-        task_id: str | None,
-        python: str | None,
-    ) -> SingularityEnvironment:
-        data = dict(settings)
-        if task_id is not None:
-            data.setdefault("task_id", task_id)
-        if python:
-            data["python"] = python
-        return cls(SingularityConfig.from_mapping(data), env=env, kill_grace=kill_grace)
 
     @property
     def python(self) -> str:

@@ -741,6 +741,7 @@ class SSHEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "ssh"
+    settings_class: ClassVar[type[SSHConfig]] = SSHConfig
     where: ClassVar[str] = "on the remote host"
     can_spawn: ClassVar[bool] = False
 
@@ -764,21 +765,6 @@ class SSHEnvironment(HelperEnvironment):
     @classmethod
     def availability(cls, settings: Mapping[str, Any]) -> str | None:
         return _availability(settings)
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: Mapping[str, Any],
-        *,
-        env: Mapping[str, str],
-        kill_grace: float,
-        task_id: str | None,
-        python: str | None,
-    ) -> SSHEnvironment:
-        data = dict(settings)
-        if python:
-            data["python"] = python
-        return cls(SSHConfig.from_mapping(data), env=env, kill_grace=kill_grace)
 
     @property
     def python(self) -> str:
