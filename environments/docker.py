@@ -44,6 +44,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -464,16 +465,51 @@ def _owner_gone(labels: Mapping[str, str]) -> bool:
         return False
 
 
-def _make_shared_dir(user: str | None) -> str:
+SHARED_DIR_PREFIX = "hermes-sandbox-shared-"
+_SHARED_ENGINE_FILE = "engine"  # beside "s": the engine whose container mounts it
+_SHARED_DIR_GRACE = 120.0  # seconds: a directory younger than this may be mid-creation
+
+
+def _engine_address(host: str | None) -> str:
+    return host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
+
+
+def _make_shared_dir(user: str | None, engine: str) -> str:
     """A fresh host directory for one container's shared directory: ``<private>/s``,
     where ``<private>`` is 0700 (no other host user can reach in) and ``s`` is what is
     mounted, writable by the container's user (0700 for root, else 1777: the
-    container's user may have any uid)."""
-    private = tempfile.mkdtemp(prefix="hermes-sandbox-shared-")
+    container's user may have any uid). ``<private>/engine`` names the engine, so the
+    reaper of another engine leaves it alone."""
+    private = tempfile.mkdtemp(prefix=SHARED_DIR_PREFIX)
+    with open(os.path.join(private, _SHARED_ENGINE_FILE), "w") as f:
+        f.write(engine)
     inner = os.path.join(private, "s")
     os.mkdir(inner)
     os.chmod(inner, 0o1777 if user else 0o700)
     return inner
+
+
+def _sweep_shared_dirs(in_use: set[str], engine: str) -> list[str]:
+    """Remove shared directories made for this engine's containers that no container
+    uses any more (one removed by hand, or by something other than this runtime)."""
+    removed = []
+    parent = tempfile.gettempdir()
+    now = time.time()
+    for entry in os.scandir(parent):
+        if not entry.name.startswith(SHARED_DIR_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with open(os.path.join(entry.path, _SHARED_ENGINE_FILE)) as f:
+                owner = f.read()
+            if owner != engine or os.path.join(entry.path, "s") in in_use:
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < _SHARED_DIR_GRACE:
+                continue
+        except OSError:
+            continue  # not one of ours, or another user's
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
 
 
 def _remove_shared_dir(labels: Mapping[str, str]) -> None:
@@ -483,11 +519,18 @@ def _remove_shared_dir(labels: Mapping[str, str]) -> None:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
-def _reap(client: Any) -> list[str]:
-    """Remove this runtime's containers whose owner died on this host; blocking."""
+def _reap(client: Any, engine: str) -> list[str]:
+    """Remove this runtime's containers whose owner died on this host, and shared
+    directories of this engine that no container uses; blocking."""
     boot_id, _ = _host_identity()
     if not boot_id:
         return []
+    in_use = {
+        (entry.get("Labels") or {}).get(LABEL_SHARED, "")
+        for entry in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+    }
+    for path in _sweep_shared_dirs(in_use, engine):
+        log.info("removed a shared directory no container uses: %s", path)
     filters = {"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER_BOOT}={boot_id}"]}
     removed = []
     for entry in client.api.containers(all=True, filters=filters):
@@ -517,7 +560,7 @@ async def reap_orphaned_containers(docker_host: str | None = None) -> list[str]:
     host = docker_host if docker_host is not None else _default_docker_host()
     client = await _connect(host)
     try:
-        return await _call(f"reaping at {_shown(host)}", _reap, client)
+        return await _call(f"reaping at {_shown(host)}", _reap, client, _engine_address(host))
     finally:
         await anyio.to_thread.run_sync(client.close)
 
@@ -695,8 +738,7 @@ class DockerEnvironment(HelperEnvironment):
         return self._labels.get(LABEL_SHARED) or None
 
     def _engine_is_local(self) -> bool:
-        host = self.config.docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
-        return host.startswith("unix://")
+        return _engine_address(self.config.docker_host).startswith("unix://")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -714,7 +756,9 @@ class DockerEnvironment(HelperEnvironment):
         self._client = await _connect(host)
         try:
             try:
-                await anyio.to_thread.run_sync(_reap, self._client)
+                await anyio.to_thread.run_sync(
+                    _reap, self._client, _engine_address(self.config.docker_host)
+                )
             except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
                 log.warning("could not reap orphaned containers: %s", _engine_message(exc))
             image_id = await self._image_id()
@@ -779,7 +823,9 @@ class DockerEnvironment(HelperEnvironment):
             labels[LABEL_PERSIST] = "1"
         if config.shared_dir == "auto":
             if self._engine_is_local():
-                labels[LABEL_SHARED] = _make_shared_dir(config.user)
+                labels[LABEL_SHARED] = _make_shared_dir(
+                    config.user, _engine_address(config.docker_host)
+                )
                 labels[LABEL_SHARED_MADE] = "1"
         elif config.shared_dir:
             labels[LABEL_SHARED] = config.shared_dir

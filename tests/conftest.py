@@ -13,11 +13,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -212,6 +216,21 @@ def wait_for_pids() -> Callable[..., list[int]]:
     return _wait
 
 
+@contextlib.contextmanager
+def removing_stages_of_vanished_fake_sandboxes() -> Iterator[None]:
+    """For tests that make a fake cloud sandbox vanish mid-run: the fake's "sandbox" is
+    this machine, so the run's stage directory outlives it (a real sandbox takes its
+    files with it, and the runner can no longer remove them). Remove what such a run
+    left in the temp directory."""
+    pattern = os.path.join(tempfile.gettempdir(), "hermes-sandbox-[0-9a-f]*")
+    before = set(glob.glob(pattern))
+    try:
+        yield
+    finally:
+        for path in set(glob.glob(pattern)) - before:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 # -- services a test needs -------------------------------------------------------------
 
 SSHD_SERVICE = Path(__file__).resolve().parent.parent / "scripts" / "sshd-service"
@@ -305,4 +324,5 @@ def engine() -> Iterator[Any]:
                 client.api.remove_container(entry["Id"], force=True, v=True)
             except docker.errors.NotFound:
                 pass
+            docker_backend._remove_shared_dir(entry.get("Labels") or {})
         client.close()

@@ -92,9 +92,11 @@ class Target:
     environment: Environment
     portal: Any
     options: dict[str, Any] = field(default_factory=dict)
+    spill_dir: str | None = None
 
     def run(self, code: str, **options: Any) -> ExecutionResult:
         options.setdefault("timeout", TIMEOUT)
+        options.setdefault("spill_dir", self.spill_dir)
         return execute_code(
             textwrap.dedent(code),
             backend=self.backend,
@@ -239,12 +241,14 @@ def held_daytona(
 
 
 @pytest.fixture(params=TARGETS, ids=[f"{b}-{t}" for b, t in TARGETS])
-def target(request: pytest.FixtureRequest, portal: Any) -> Target:
+def target(request: pytest.FixtureRequest, portal: Any, tmp_path: Path) -> Target:
     backend, transport = request.param
+    spill = str(tmp_path / "spill")
     if backend == "local":
-        return Target(backend, transport, request.getfixturevalue("held_local"), portal)
+        held = request.getfixturevalue("held_local")
+        return Target(backend, transport, held, portal, spill_dir=spill)
     environment, options = request.getfixturevalue(f"held_{backend}")
-    return Target(backend, transport, environment, portal, options)
+    return Target(backend, transport, environment, portal, options, spill_dir=spill)
 
 
 def _lines(result: ExecutionResult) -> list[str]:

@@ -43,6 +43,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from conftest import removing_stages_of_vanished_fake_sandboxes
 
 import environments
 import environments.daytona as daytona_backend
@@ -1127,9 +1128,10 @@ def test_a_run_whose_sandbox_disappears(cloud: FakeDaytonaCloud, tmp_path: Path)
     deleter.start()
     started = time.monotonic()
     try:
-        result = run_daytona(
-            f"import time; open({str(ready)!r}, 'w').close(); time.sleep(300)", tmp_path
-        )
+        with removing_stages_of_vanished_fake_sandboxes():
+            result = run_daytona(
+                f"import time; open({str(ready)!r}, 'w').close(); time.sleep(300)", tmp_path
+            )
     finally:
         deleter.join()
     # The run ends with a result that says the sandbox went away, not an exception.

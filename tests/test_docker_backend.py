@@ -13,8 +13,10 @@ the session ends by removing whatever still carries it. Tests that need no engin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -80,10 +82,13 @@ def container_exists(client: Any, container_id: str) -> bool:
 
 
 def remove_container(client: Any, container_id: str) -> None:
+    """Remove a container (and the shared directory made for it) as a test's cleanup."""
     try:
+        labels = client.api.inspect_container(container_id)["Config"]["Labels"] or {}
         client.api.remove_container(container_id, force=True, v=True)
     except docker.errors.NotFound:
-        pass
+        return
+    docker_backend._remove_shared_dir(labels)
 
 
 @pytest.fixture
@@ -915,7 +920,7 @@ def test_a_timeout_kills_the_script_inside_the_container(engine: Any):
         for container in engine.containers.list(
             all=True, filters={"label": f"hermes-sandbox.task={task}"}
         ):
-            container.remove(force=True)
+            remove_container(engine, container.id)
 
 
 def test_output_caps_and_exit_codes_hold_in_a_container(engine: Any, tmp_path: Path):
@@ -1030,3 +1035,48 @@ def test_tilde_is_the_containers_home_not_the_hosts(engine: Any) -> None:
         "in the container's home",
     ]
     assert not os.path.exists("/workspace/note.txt")
+
+
+@pytest.mark.anyio
+async def test_the_reaper_removes_shared_dirs_no_container_uses(engine: Any) -> None:
+    """A container removed by hand leaves its shared directory; the next start removes
+    it once it is old enough not to be mid-creation, and leaves another engine's."""
+    environment = DockerEnvironment(make_config(persist=True))
+    await environment.start()
+    shared = environment.shared_directory
+    assert shared is not None
+    private = os.path.dirname(shared)
+    await environment.aclose()  # persistent: the container and its directory stay
+    environment_id = _only_id(engine, shared)
+    assert container_exists(engine, environment_id)
+    engine.api.remove_container(environment_id, force=True, v=True)  # "by hand"
+    other = await anyio.to_thread.run_sync(
+        docker_backend._make_shared_dir, None, "unix:///somewhere/else.sock"
+    )
+    young = await anyio.to_thread.run_sync(
+        docker_backend._make_shared_dir, None, docker_backend._engine_address(None)
+    )
+    old = time.time() - 3600
+    for path in (private, os.path.dirname(other)):
+        os.utime(path, (old, old))
+    try:
+        async with DockerEnvironment(make_config()):
+            pass
+        assert not await anyio.Path(private).exists()
+        assert await anyio.Path(other).exists()  # another engine's
+        assert await anyio.Path(young).exists()  # may be a container being made
+    finally:
+        for path in (other, young):
+            await anyio.to_thread.run_sync(
+                functools.partial(shutil.rmtree, os.path.dirname(path), ignore_errors=True)
+            )
+
+
+def _only_id(engine: Any, shared: str) -> str:
+    found = [
+        entry["Id"]
+        for entry in engine.api.containers(all=True, filters={"label": f"{TEST_LABEL}={RUN_ID}"})
+        if (entry.get("Labels") or {}).get(docker_backend.LABEL_SHARED) == shared
+    ]
+    assert len(found) == 1, found
+    return str(found[0])

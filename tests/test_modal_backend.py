@@ -50,6 +50,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import removing_stages_of_vanished_fake_sandboxes
 from fakes.modal_fake import (
     FAKE_FUNCTIONS,
     FAKE_PROPERTIES,
@@ -1097,19 +1098,20 @@ def test_a_sandbox_dying_mid_run_ends_the_run_with_a_result_that_says_so(
     flag = tmp_path / "started"
     watcher = _vanish_when_started(fake, flag)
     started = time.monotonic()
-    result = modal_run(
-        f"""
-        import os, subprocess, time
-        child = subprocess.Popen(["sleep", "300"])
-        open({str(flag)!r} + ".pids", "w").write("%d %d" % (os.getpid(), child.pid))
-        open({str(flag)!r}, "w").write("x")
-        print("running", flush=True)
-        time.sleep(300)
-        """,
-        options,
-        timeout=60,
-    )
-    watcher.join()
+    with removing_stages_of_vanished_fake_sandboxes():
+        result = modal_run(
+            f"""
+            import os, subprocess, time
+            child = subprocess.Popen(["sleep", "300"])
+            open({str(flag)!r} + ".pids", "w").write("%d %d" % (os.getpid(), child.pid))
+            open({str(flag)!r}, "w").write("x")
+            print("running", flush=True)
+            time.sleep(300)
+            """,
+            options,
+            timeout=60,
+        )
+        watcher.join()
     assert time.monotonic() - started < 30
     state = the_sandbox(fake)
     assert state.ended_by == "vanish"
