@@ -17,10 +17,11 @@ scripts: sandbox/ decides what to run, rpc/ carries the calls.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import anyio.abc
 
@@ -28,6 +29,23 @@ import anyio.abc
 # killed for its timeout (as coreutils' timeout reports it).
 DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
 TIMEOUT_EXIT_CODE = 124
+
+_Settings = TypeVar("_Settings")
+
+
+def settings_from_mapping(cls: type[_Settings], data: Mapping[str, Any], backend: str) -> _Settings:
+    """A backend's settings dataclass ``cls`` built from plain data (a config file's
+    section, the API's ``backend_options``); an unknown key is refused with the known
+    ones named, and the dataclass checks the values (ValueError, TypeError)."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown {backend} backend setting(s): {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    return cls(**data)
+
 
 FileKind = Literal["file", "directory", "char_device", "block_device", "fifo", "socket", "other"]
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
-import dataclasses
 import errno
 import logging
 import os
@@ -72,7 +71,12 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 import anyio.abc
 
-from environments.base import DEFAULT_MAX_COMMAND_OUTPUT, CommandResult, ExecStream
+from environments.base import (
+    DEFAULT_MAX_COMMAND_OUTPUT,
+    CommandResult,
+    ExecStream,
+    settings_from_mapping,
+)
 from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 from environments.helper import HelperEnvironment
 
@@ -439,20 +443,13 @@ class DaytonaSettings:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> DaytonaSettings:
         """Build from plain data (a config file's section); refuse unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
         secrets_given = sorted({"api_key", "jwt_token"} & set(data))
         if secrets_given:
             raise ValueError(
                 f"{', '.join(secrets_given)} is not a daytona backend setting: credentials "
                 "stay out of config files; set DAYTONA_API_KEY in the environment instead"
             )
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown daytona backend setting(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return settings_from_mapping(cls, data, "daytona")
 
 
 # -- the SDK seam ----------------------------------------------------------------------
@@ -809,10 +806,6 @@ class DaytonaEnvironment(HelperEnvironment):
         has_key = os.environ.get("DAYTONA_API_KEY")
         has_jwt = os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID")
         return None if has_key or has_jwt else NO_CREDENTIALS
-
-    @property
-    def python(self) -> str:
-        return self._python
 
     @property
     def default_cwd(self) -> str:

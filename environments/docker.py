@@ -56,6 +56,7 @@ import psutil
 
 from environments.base import (
     ExecStream,
+    settings_from_mapping,
 )
 from environments.errors import BackendNotAvailable, EnvironmentFailure
 from environments.helper import HelperEnvironment
@@ -186,14 +187,7 @@ class DockerConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> DockerConfig:
         """Build from plain data (a config file's section); refuse unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown docker backend setting(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return settings_from_mapping(cls, data, "docker")
 
     def creation_hash(self, image_id: str) -> str:
         """What the container was made from: a reused container must match it."""
@@ -521,32 +515,31 @@ def _remove_shared_dir(labels: Mapping[str, str]) -> None:
 
 def _reap(client: Any, engine: str) -> list[str]:
     """Remove this runtime's containers whose owner died on this host, and shared
-    directories of this engine that no container uses; blocking."""
+    directories of this engine that no container uses; blocking. One listing of the
+    engine's containers serves both."""
     boot_id, _ = _host_identity()
     if not boot_id:
         return []
-    in_use = {
-        (entry.get("Labels") or {}).get(LABEL_SHARED, "")
-        for entry in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
-    }
-    for path in _sweep_shared_dirs(in_use, engine):
-        log.info("removed a shared directory no container uses: %s", path)
-    filters = {"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER_BOOT}={boot_id}"]}
     removed = []
-    for entry in client.api.containers(all=True, filters=filters):
+    in_use = set()
+    for entry in client.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
         labels = entry.get("Labels") or {}
-        if labels.get(LABEL_PERSIST) == "1" or not _owner_gone(labels):
+        if labels.get(LABEL_PERSIST) == "1" or not _owner_gone(labels):  # (same boot only)
+            in_use.add(labels.get(LABEL_SHARED, ""))
             continue
         try:
             client.api.remove_container(entry["Id"], force=True, v=True)
         except docker.errors.APIError as exc:  # gone already, or being removed by another
             log.debug("not reaping %s: %s", entry["Id"][:12], _engine_message(exc))
+            in_use.add(labels.get(LABEL_SHARED, ""))
             continue
         _remove_shared_dir(labels)
         names = entry.get("Names") or [entry["Id"][:12]]
         removed.append(names[0].lstrip("/"))
     if removed:
         log.info("removed containers left by dead owners: %s", ", ".join(removed))
+    for path in _sweep_shared_dirs(in_use, engine):
+        log.info("removed a shared directory no container uses: %s", path)
     return removed
 
 
@@ -705,10 +698,6 @@ class DockerEnvironment(HelperEnvironment):
         self._labels: dict[str, str] = {}  # the container's own labels
         self._closed = False
         self.threaded_io = False  # use threads for exec sockets even where not needed
-
-    @property
-    def python(self) -> str:
-        return self._python
 
     @classmethod
     def availability(cls, settings: Mapping[str, Any]) -> str | None:

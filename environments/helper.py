@@ -293,6 +293,7 @@ class HelperEnvironment(Environment):
     settings_class: ClassVar[Any]
     scratch_parent: str = "/tmp"
     kill_grace: float = 2.0
+    _python: str
     _home: str | None = None
 
     @abc.abstractmethod
@@ -324,6 +325,12 @@ class HelperEnvironment(Environment):
         if python:
             data["python"] = python
         return cls(cls.settings_class.from_mapping(data), env=env, kill_grace=kill_grace)  # type: ignore[call-arg]
+
+    @property
+    def python(self) -> str:
+        """The sandbox's interpreter: the settings' ``python``, or the one the run names
+        (subclasses set ``_python`` in their constructor)."""
+        return self._python
 
     @property
     def home(self) -> str | None:

@@ -33,7 +33,6 @@ while in use is :class:`SandboxGone` (its reason also kept in
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import re
 import secrets
@@ -45,7 +44,12 @@ from typing import Any, ClassVar, TypeVar
 
 import anyio
 
-from environments.base import DEFAULT_MAX_COMMAND_OUTPUT, CommandResult, ExecStream
+from environments.base import (
+    DEFAULT_MAX_COMMAND_OUTPUT,
+    CommandResult,
+    ExecStream,
+    settings_from_mapping,
+)
 from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 from environments.helper import HELPER_SOURCE, HelperEnvironment
 
@@ -164,14 +168,7 @@ class ModalConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ModalConfig:
         """Build from plain data (a config file's section); refuse unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown modal backend setting(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return settings_from_mapping(cls, data, "modal")
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -492,10 +489,6 @@ class ModalEnvironment(HelperEnvironment):
         except (TypeError, ValueError) as exc:
             return f"bad settings: {exc}"
         return _credentials_problem(sdk)
-
-    @property
-    def python(self) -> str:
-        return self._python
 
     @property
     def default_cwd(self) -> str:

@@ -79,6 +79,7 @@ import anyio
 import anyio.abc
 import psutil
 
+from environments.base import settings_from_mapping
 from environments.errors import BackendNotAvailable, EnvironmentFailure
 from environments.helper import HelperEnvironment
 from environments.local import LocalExecStream
@@ -230,14 +231,7 @@ class SingularityConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SingularityConfig:
         """Build from plain data (a config file's section); refuse unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown singularity backend setting(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        return cls(**data)
+        return settings_from_mapping(cls, data, "singularity")
 
     def settings_hash(self) -> str:
         """What an instance is started from: a reused instance must match it."""
@@ -425,10 +419,6 @@ class SingularityEnvironment(HelperEnvironment):
     @classmethod
     def availability(cls, settings: Mapping[str, Any]) -> str | None:
         return _availability(settings)
-
-    @property
-    def python(self) -> str:
-        return self._python
 
     @property
     def default_cwd(self) -> str:

@@ -45,7 +45,6 @@ key, an unknown host key or a missing ``python3`` each say what to do.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import getpass
 import logging
 import os
@@ -59,7 +58,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from environments.base import ExecStream
+from environments.base import ExecStream, settings_from_mapping
 from environments.errors import BackendNotAvailable, EnvironmentFailure
 from environments.helper import HelperEnvironment
 
@@ -162,16 +161,14 @@ class SSHConfig:
     def from_mapping(cls, data: Mapping[str, Any]) -> SSHConfig:
         """Build from plain data (a config file's section, the API's backend_options);
         refuse unknown keys, naming the known ones."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown ssh backend setting(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        if "host" not in data:
-            raise ValueError("the ssh backend needs a host: set host (and user, key_file, ...)")
-        return cls(**data)
+        try:
+            return settings_from_mapping(cls, data, "ssh")
+        except TypeError:  # the dataclass's own word for a missing field
+            if "host" not in data:
+                raise ValueError(
+                    "the ssh backend needs a host: set host (and user, key_file, ...)"
+                ) from None
+            raise
 
     @property
     def login(self) -> str:
@@ -765,10 +762,6 @@ class SSHEnvironment(HelperEnvironment):
     @classmethod
     def availability(cls, settings: Mapping[str, Any]) -> str | None:
         return _availability(settings)
-
-    @property
-    def python(self) -> str:
-        return self._python
 
     @property
     def default_cwd(self) -> str:

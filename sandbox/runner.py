@@ -29,6 +29,7 @@ from sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionRe
 from sandbox.transports import (
     SHARED_DIRECTORY_TRANSPORTS,
     TRANSPORTS,
+    Script,
     TransportUnavailable,
     check_transport,
     choose_transport,
@@ -312,15 +313,14 @@ async def run_code(
                     "HERMES_RPC_TOKEN": token,
                     "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
                 }
-                launch = TRANSPORTS[transport](
-                    environment,
-                    server,
+                script = Script(
                     stage=stage,
                     argv=[environment.python, posixpath.join(stage, SCRIPT_NAME)],
                     env=child_env,
                     cwd=cwd,
                     marker=marker,
                 )
+                launch = TRANSPORTS[transport](environment, server, script)
                 try:
                     async with launch as process:
                         status, exit_code = await _supervise(

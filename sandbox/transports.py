@@ -23,10 +23,11 @@ carrying only the script's output and exit status (the calls go the shorter way)
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import posixpath
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from environments import Environment
@@ -38,7 +39,23 @@ from stubs import RELAY_MODULE
 SOCKET_NAME = "rpc.sock"
 FILES_DIR_PREFIX = "rpc-"
 
-Launcher = Callable[..., AbstractAsyncContextManager[Any]]
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """What to start: the staged script's command line, its environment and working
+    directory, the stage it lives in, and the marker its processes carry."""
+
+    stage: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str | None
+    marker: str
+
+    def with_env(self, **extra: str) -> Script:
+        return dataclasses.replace(self, env={**self.env, **extra})
+
+
+Launcher = Callable[[Environment, RPCServer, Script], AbstractAsyncContextManager[Any]]
 
 
 class TransportUnavailable(Exception):
@@ -53,26 +70,24 @@ def needs_relay(transport: str, environment: Environment) -> bool:
 
 @asynccontextmanager
 async def _under_relay(
-    environment: Environment,
-    server: RPCServer,
-    *,
-    stage: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str | None,
-    marker: str,
-    socket_path: str | None,
+    environment: Environment, server: RPCServer, script: Script, socket_path: str | None
 ) -> AsyncIterator[Any]:
     """The script started by the relay in the sandbox; with ``socket_path`` the relay
     listens there and carries the script's calls to ``server`` too."""
     channel = await environment.open_exec_stream(
-        [environment.python, posixpath.join(stage, RELAY_MODULE)],
-        env={"PYTHONPATH": stage, "PYTHONDONTWRITEBYTECODE": "1"},
+        [environment.python, posixpath.join(script.stage, RELAY_MODULE)],
+        env={"PYTHONPATH": script.stage, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     failure: TransportUnavailable | None = None
     async with RelaySession(channel, server, max_frame_size=server.max_frame_size) as session:
         try:
-            await session.start(argv, env=env, cwd=cwd, socket_path=socket_path, marker=marker)
+            await session.start(
+                script.argv,
+                env=script.env,
+                cwd=script.cwd,
+                socket_path=socket_path,
+                marker=script.marker,
+            )
         except RelayError as exc:
             details = channel.stderr_tail.decode("utf-8", "replace").strip()
             failure = TransportUnavailable(
@@ -87,115 +102,54 @@ async def _under_relay(
 
 @asynccontextmanager
 async def _started(
-    environment: Environment,
-    server: RPCServer,
-    *,
-    stage: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str | None,
-    marker: str,
+    environment: Environment, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
-    """The script, started natively where the environment can, else by the relay."""
+    """The script, started natively where the environment can, else by the relay
+    (which then only starts and watches it: the calls take the other way)."""
     if environment.can_spawn:
-        process = await environment.spawn(argv, env=env, cwd=cwd)
+        process = await environment.spawn(script.argv, env=script.env, cwd=script.cwd)
         try:
             yield process
         finally:
             await process.aclose()
         return
-    async with _under_relay(
-        environment,
-        server,
-        stage=stage,
-        argv=argv,
-        env=env,
-        cwd=cwd,
-        marker=marker,
-        socket_path=None,
-    ) as session:
+    async with _under_relay(environment, server, script, socket_path=None) as session:
         yield session
 
 
 @asynccontextmanager
 async def launch_unix(
-    environment: Environment,
-    server: RPCServer,
-    *,
-    stage: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str | None,
-    marker: str,
+    environment: Environment, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
-    path = posixpath.join(stage, SOCKET_NAME)
+    path = posixpath.join(script.stage, SOCKET_NAME)
     async with (
         serve_unix_socket(server, path),
-        _started(
-            environment,
-            server,
-            stage=stage,
-            argv=argv,
-            env={**env, "HERMES_RPC_SOCKET": path},
-            cwd=cwd,
-            marker=marker,
-        ) as process,
+        _started(environment, server, script.with_env(HERMES_RPC_SOCKET=path)) as process,
     ):
         yield process
 
 
 @asynccontextmanager
 async def launch_files(
-    environment: Environment,
-    server: RPCServer,
-    *,
-    stage: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str | None,
-    marker: str,
+    environment: Environment, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
-    if environment.shares_host:
-        directory = posixpath.join(stage, FILES_DIR_PREFIX + "calls")
-        os.mkdir(directory, 0o700)
-    else:  # made by the sandbox's user, who must write there
-        directory = await environment.make_private_dir(FILES_DIR_PREFIX, parent=stage)
+    # Made by the sandbox's user, who must write there (the host can, as its owner or
+    # as root): the stage is in the shared directory, so the host sees it at this path.
+    directory = await environment.make_private_dir(FILES_DIR_PREFIX, parent=script.stage)
     async with (
         serve_files(server, directory),
-        _started(
-            environment,
-            server,
-            stage=stage,
-            argv=argv,
-            env={**env, "HERMES_RPC_DIR": directory},
-            cwd=cwd,
-            marker=marker,
-        ) as process,
+        _started(environment, server, script.with_env(HERMES_RPC_DIR=directory)) as process,
     ):
         yield process
 
 
 @asynccontextmanager
 async def launch_relay(
-    environment: Environment,
-    server: RPCServer,
-    *,
-    stage: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str | None,
-    marker: str,
+    environment: Environment, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
-    socket_path = posixpath.join(stage, SOCKET_NAME)
+    path = posixpath.join(script.stage, SOCKET_NAME)
     async with _under_relay(
-        environment,
-        server,
-        stage=stage,
-        argv=argv,
-        env={**env, "HERMES_RPC_SOCKET": socket_path},
-        cwd=cwd,
-        marker=marker,
-        socket_path=socket_path,
+        environment, server, script.with_env(HERMES_RPC_SOCKET=path), socket_path=path
     ) as session:
         yield session
 
