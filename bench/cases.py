@@ -27,8 +27,8 @@ from bench import stats, subject
 from bench.baselines import floor, jsonlines, polling
 from bench.settings import Settings
 from bench.workload import MiB
-from environments import BackendNotAvailable, get_environment_class
-from sandbox import RunOptions
+from hermes_sandbox import RunOptions
+from hermes_sandbox.environments import BackendNotAvailable, get_environment_class
 
 Sample = dict[str, Any]
 Probe = Callable[[], "str | None"]

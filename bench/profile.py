@@ -69,7 +69,7 @@ OTHER = "other (start-up, imports, supervision)"
 def _sendall_line() -> str:
     """The frame py-spy shows while the stub is inside sendall: its line in the stub."""
     from bench.subject import BENCH_TOOLS, bench_registry
-    from stubs import STUB_MODULE, stub_files
+    from hermes_sandbox.stubs import STUB_MODULE, stub_files
 
     stub = stub_files(bench_registry().get_definitions(BENCH_TOOLS))[STUB_MODULE]
     for number, line in enumerate(stub.splitlines(), 1):

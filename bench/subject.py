@@ -26,9 +26,9 @@ import anyio
 import psutil
 
 from bench.workload import BLOB_SCHEMA, ECHO_SCHEMA, blob_tool, call_spec, echo_tool
-from environments import BackendError
-from sandbox import ExecutionResult, RunError, execute_code, execute_code_async
-from tools.registry import ToolRegistry
+from hermes_sandbox import ExecutionResult, RunError, execute_code, execute_code_async
+from hermes_sandbox.environments import BackendError
+from hermes_sandbox.tools.registry import ToolRegistry
 
 BENCH_TOOLS = ("echo", "blob")
 MAX_CALLS = 10**9

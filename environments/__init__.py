@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import importlib
 
-from environments.base import CommandResult, Environment, FileStat, SandboxProcess
-from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.base import CommandResult, Environment, FileStat, SandboxProcess
+from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 
 # name -> "module:Class", or None for a name reserved for a backend not built yet.
 BACKENDS: dict[str, str | None] = {
-    "local": "environments.local:LocalEnvironment",
-    "docker": "environments.docker:DockerEnvironment",
-    "ssh": "environments.ssh:SSHEnvironment",
-    "singularity": "environments.singularity:SingularityEnvironment",
-    "modal": "environments.modal:ModalEnvironment",
-    "daytona": "environments.daytona:DaytonaEnvironment",
+    "local": "hermes_sandbox.environments.local:LocalEnvironment",
+    "docker": "hermes_sandbox.environments.docker:DockerEnvironment",
+    "ssh": "hermes_sandbox.environments.ssh:SSHEnvironment",
+    "singularity": "hermes_sandbox.environments.singularity:SingularityEnvironment",
+    "modal": "hermes_sandbox.environments.modal:ModalEnvironment",
+    "daytona": "hermes_sandbox.environments.daytona:DaytonaEnvironment",
 }
 
 

@@ -71,14 +71,14 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 import anyio.abc
 
-from environments.base import (
+from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     CommandResult,
     ExecStream,
     settings_from_mapping,
 )
-from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
-from environments.helper import HelperEnvironment
+from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.helper import HelperEnvironment
 
 log = logging.getLogger(__name__)
 

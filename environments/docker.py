@@ -54,12 +54,12 @@ import anyio
 import anyio.abc
 import psutil
 
-from environments.base import (
+from hermes_sandbox.environments.base import (
     ExecStream,
     settings_from_mapping,
 )
-from environments.errors import BackendNotAvailable, EnvironmentFailure
-from environments.helper import HelperEnvironment
+from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.helper import HelperEnvironment
 
 try:
     import docker

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Self, cast
 
 import anyio
 
-from environments.base import (
+from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     TIMEOUT_EXIT_CODE,
     CommandResult,
@@ -45,8 +45,8 @@ from environments.base import (
     FileStat,
     SandboxProcess,
 )
-from environments.capture import HeadTailBuffer
-from environments.errors import BackendError, EnvironmentFailure, SpawnNotAvailable
+from hermes_sandbox.environments.capture import HeadTailBuffer
+from hermes_sandbox.environments.errors import BackendError, EnvironmentFailure, SpawnNotAvailable
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 import psutil
 
-from environments.base import (
+from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     TIMEOUT_EXIT_CODE,
     CommandResult,
@@ -34,7 +34,7 @@ from environments.base import (
     FileStat,
     SandboxProcess,
 )
-from environments.capture import HeadTailBuffer
+from hermes_sandbox.environments.capture import HeadTailBuffer
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
 _DRAIN_SECONDS = 1.0

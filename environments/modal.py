@@ -44,14 +44,14 @@ from typing import Any, ClassVar, TypeVar
 
 import anyio
 
-from environments.base import (
+from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     CommandResult,
     ExecStream,
     settings_from_mapping,
 )
-from environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
-from environments.helper import HELPER_SOURCE, HelperEnvironment
+from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.helper import HELPER_SOURCE, HelperEnvironment
 
 log = logging.getLogger(__name__)
 

@@ -79,10 +79,10 @@ import anyio
 import anyio.abc
 import psutil
 
-from environments.base import settings_from_mapping
-from environments.errors import BackendNotAvailable, EnvironmentFailure
-from environments.helper import HelperEnvironment
-from environments.local import LocalExecStream
+from hermes_sandbox.environments.base import settings_from_mapping
+from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.helper import HelperEnvironment
+from hermes_sandbox.environments.local import LocalExecStream
 
 log = logging.getLogger(__name__)
 

@@ -58,9 +58,9 @@ from typing import Any, ClassVar
 
 import anyio
 
-from environments.base import ExecStream, settings_from_mapping
-from environments.errors import BackendNotAvailable, EnvironmentFailure
-from environments.helper import HelperEnvironment
+from hermes_sandbox.environments.base import ExecStream, settings_from_mapping
+from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.helper import HelperEnvironment
 
 try:
     import paramiko

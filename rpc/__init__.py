@@ -4,11 +4,17 @@ This package knows the wire (framing, messages, transports, the server loop); it
 nothing of tools, backends or how a script is run.
 """
 
-from rpc.errors import CallRefused, ConnectionClosed, FrameError, FrameTooLarge, RPCError
-from rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
-from rpc.messages import Request
-from rpc.server import RequestHandler, RPCServer
-from rpc.unix import serve_unix_socket
+from hermes_sandbox.rpc.errors import (
+    CallRefused,
+    ConnectionClosed,
+    FrameError,
+    FrameTooLarge,
+    RPCError,
+)
+from hermes_sandbox.rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
+from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.server import RequestHandler, RPCServer
+from hermes_sandbox.rpc.unix import serve_unix_socket
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",

@@ -38,10 +38,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from rpc import messages
-from rpc.errors import FrameError
-from rpc.framing import HEADER, HEADER_SIZE, decode_body, encode_frame
-from rpc.server import RPCServer
+from hermes_sandbox.rpc import messages
+from hermes_sandbox.rpc.errors import FrameError
+from hermes_sandbox.rpc.framing import HEADER, HEADER_SIZE, decode_body, encode_frame
+from hermes_sandbox.rpc.server import RPCServer
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from rpc.errors import ConnectionClosed, FrameError, FrameTooLarge
+from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError, FrameTooLarge
 
 HEADER = struct.Struct(">I")
 HEADER_SIZE = HEADER.size

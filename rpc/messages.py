@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rpc.errors import CallRefused
+from hermes_sandbox.rpc.errors import CallRefused
 
 # Error kinds. A client must treat an unknown kind like "internal".
 UNAUTHORIZED = "unauthorized"  # the token is missing or wrong

@@ -24,15 +24,17 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from rpc.errors import ConnectionClosed, FrameError, RPCError
-from rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame, iter_messages
-from rpc.server import RPCServer
+from hermes_sandbox.errors import RelayError
+from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError
+from hermes_sandbox.rpc.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    encode_frame,
+    iter_messages,
+)
+from hermes_sandbox.rpc.server import RPCServer
 
 _OUTPUT_BUFFER = 64  # chunks of script output held before the relay is made to wait
-
-
-class RelayError(RPCError):
-    """The relay failed or went away; the message says what it reported."""
 
 
 class _ChannelWriter:

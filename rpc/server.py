@@ -29,10 +29,15 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from rpc import messages
-from rpc.errors import CallRefused, ConnectionClosed, FrameError, FrameTooLarge
-from rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame, iter_messages
-from rpc.messages import Request
+from hermes_sandbox.rpc import messages
+from hermes_sandbox.rpc.errors import CallRefused, ConnectionClosed, FrameError, FrameTooLarge
+from hermes_sandbox.rpc.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    encode_frame,
+    iter_messages,
+)
+from hermes_sandbox.rpc.messages import Request
 
 log = logging.getLogger(__name__)
 

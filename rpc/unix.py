@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 
-from rpc.server import RPCProtocol, RPCServer
+from hermes_sandbox.rpc.server import RPCProtocol, RPCServer
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107

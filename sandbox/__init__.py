@@ -1,24 +1,47 @@
 """hermes-sandbox: run an agent's Python script and serve its tool calls on the host.
 
-This package ties the layers together (environments/, rpc/, tools/, stubs/): it stages
-a script, runs it, enforces the limits and shapes the result. The public API::
+The public API. Everything a user needs is importable from here::
 
-    from sandbox import execute_code
+    from hermes_sandbox import execute_code
+
     result = execute_code("from hermes_tools import terminal\\nprint(terminal('ls'))")
     print(result.status, result.output)
+
+Tools are registered on :data:`registry` with ``registry.register(...)`` or the
+:func:`tool` decorator; the layers are subpackages (``hermes_sandbox.environments``,
+``hermes_sandbox.rpc``, ``hermes_sandbox.tools``, ``hermes_sandbox.stubs``).
 """
 
-from sandbox.api import execute_code, execute_code_async
-from sandbox.gate import ToolCallBudget
-from sandbox.result import ExecutionResult
-from sandbox.runner import RunError, RunOptions, run_code
+from hermes_sandbox.api import execute_code, execute_code_async
+from hermes_sandbox.gate import ToolCallBudget
+from hermes_sandbox.result import ExecutionResult
+from hermes_sandbox.runner import RunError, RunOptions, run_code
+from hermes_sandbox.tools.approval import ApprovalPolicy
+from hermes_sandbox.tools.decorator import tool
+from hermes_sandbox.tools.registry import (
+    ToolContext,
+    ToolRegistry,
+    registry,
+    tool_error,
+    tool_result,
+)
+
+__version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ApprovalPolicy",
     "ExecutionResult",
     "RunError",
     "RunOptions",
     "ToolCallBudget",
+    "ToolContext",
+    "ToolRegistry",
+    "__version__",
     "execute_code",
     "execute_code_async",
+    "registry",
     "run_code",
+    "tool",
+    "tool_error",
+    "tool_result",
 ]

@@ -1,3 +1,3 @@
-from sandbox.cli import main
+from hermes_sandbox.cli import main
 
 raise SystemExit(main())

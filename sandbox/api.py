@@ -10,9 +10,9 @@ from typing import Any
 
 import anyio
 
-from sandbox.result import ExecutionResult
-from sandbox.runner import RunOptions, run_code
-from tools.registry import ToolRegistry
+from hermes_sandbox.result import ExecutionResult
+from hermes_sandbox.runner import RunOptions, run_code
+from hermes_sandbox.tools.registry import ToolRegistry
 
 
 async def execute_code_async(

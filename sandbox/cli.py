@@ -20,27 +20,22 @@ from typing import Any, TextIO
 import anyio
 import yaml
 
-from environments import BACKENDS, BackendError, get_environment_class
-from sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
-from sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
-from sandbox.runner import RunError, RunOptions, resolve_tools, run_code
-from sandbox.transports import TRANSPORTS
-from stubs import StubError, generate_stub
-from tools import (
-    ToolModuleError,
-    ToolsetError,
+from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
+from hermes_sandbox.environments import BACKENDS, BackendError, get_environment_class
+from hermes_sandbox.errors import SandboxError, UsageError
+from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
+from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
+from hermes_sandbox.stubs import generate_stub
+from hermes_sandbox.tools import (
     load_builtin_tools,
     load_tools,
     registry,
     tools_for_run,
 )
-from tools.approval import Approval, ApprovalPolicy
+from hermes_sandbox.tools.approval import Approval, ApprovalPolicy
+from hermes_sandbox.transports import TRANSPORTS
 
 USAGE_ERROR = 2
-
-
-class CLIError(Exception):
-    """Bad input from the command line; printed as one line, exit code 2."""
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -54,13 +49,13 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         name, eq, value = item.partition("=")
         if not name.isidentifier():
-            raise CLIError(f"--env needs NAME or NAME=VALUE, got {item!r}")
+            raise UsageError(f"--env needs NAME or NAME=VALUE, got {item!r}")
         if eq:
             env[name] = value
         elif name in os.environ:
             env[name] = os.environ[name]
         else:
-            raise CLIError(f"--env {name}: no such variable in this environment")
+            raise UsageError(f"--env {name}: no such variable in this environment")
     return env
 
 
@@ -71,7 +66,7 @@ def _parse_backend_options(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise CLIError(f"--backend-option needs KEY=VALUE, got {item!r}")
+            raise UsageError(f"--backend-option needs KEY=VALUE, got {item!r}")
         try:
             options[key.strip()] = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
@@ -92,25 +87,22 @@ def _read_script(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
     if os.path.isdir(path):
-        raise CLIError(f"{path} is a directory; give the path of a Python script")
+        raise UsageError(f"{path} is a directory; give the path of a Python script")
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except FileNotFoundError:
-        raise CLIError(f"script not found: {path}") from None
+        raise UsageError(f"script not found: {path}") from None
     except UnicodeDecodeError:
-        raise CLIError(f"{path} is not UTF-8 text; give a Python script") from None
+        raise UsageError(f"{path} is not UTF-8 text; give a Python script") from None
     except OSError as exc:
-        raise CLIError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _load_tools(modules: Sequence[str]) -> None:
     load_builtin_tools()
     for spec in modules:
-        try:
-            load_tools(spec)
-        except ToolModuleError as exc:
-            raise CLIError(str(exc)) from None
+        load_tools(spec)
 
 
 def _prepare(args: argparse.Namespace) -> Config:
@@ -132,10 +124,7 @@ def _selected_tools(args: argparse.Namespace, config: Config) -> list[str] | Non
         tools, toolsets = config.tools, config.toolsets
     else:
         tools, toolsets = _split_list(args.tools), _split_list(args.toolsets)
-    try:
-        return tools_for_run(tools, toolsets, registry)
-    except ToolsetError as exc:
-        raise CLIError(str(exc)) from None
+    return tools_for_run(tools, toolsets, registry)
 
 
 # -- approvals ---------------------------------------------------------------------------
@@ -234,7 +223,7 @@ def _approval_policy(args: argparse.Namespace, config: Config) -> ApprovalPolicy
         try:
             ApprovalPolicy(allowlist=[entry])
         except ValueError as exc:
-            raise CLIError(f"--allow-command: {exc}") from None
+            raise UsageError(f"--allow-command: {exc}") from None
     path = config.path or default_path()
 
     def save(entry: str) -> None:
@@ -419,7 +408,7 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
     """The command line over the config file, as RunOptions."""
     backend = config.backend if args.backend is None else args.backend
     if backend not in BACKENDS:
-        raise CLIError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+        raise UsageError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     limits = config.limits
     timeout = limits.timeout if args.timeout is None else args.timeout
     calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
@@ -430,7 +419,7 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         backend_options["image"] = args.image
     if args.network:
         if backend not in NETWORK_OPTIONS:
-            raise CLIError(
+            raise UsageError(
                 f"--network: the {backend} backend has no network switch "
                 f"(it has for: {', '.join(NETWORK_OPTIONS)})"
             )
@@ -520,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
-    except (CLIError, ConfigError, RunError, BackendError, StubError) as exc:
+    except SandboxError as exc:
         # one line, whatever the message holds
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         sys.stderr.write(f"hermes-sandbox: error: {message}\n")

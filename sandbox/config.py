@@ -39,15 +39,12 @@ from typing import Any
 
 import yaml
 
-from environments import BACKENDS, BackendNotAvailable, get_environment_class
-from tools.approval import ALLOWLIST_REGEX_PREFIX
+from hermes_sandbox.environments import BACKENDS, BackendNotAvailable, get_environment_class
+from hermes_sandbox.errors import ConfigError
+from hermes_sandbox.tools.approval import ALLOWLIST_REGEX_PREFIX
 
 ENV_VAR = "HERMES_SANDBOX_CONFIG"
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class ConfigError(Exception):
-    """A config file that cannot be read or does not fit the schema; says where."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sandbox.runner import RunError, RunOptions, run_code
-from tools import SANDBOX_TOOLS, ToolContext, ToolRegistry, load_builtin_tools, tool_error
-from tools.registry import registry as default_registry
+from hermes_sandbox.runner import RunError, RunOptions, run_code
+from hermes_sandbox.tools import (
+    SANDBOX_TOOLS,
+    ToolContext,
+    ToolRegistry,
+    load_builtin_tools,
+    tool_error,
+)
+from hermes_sandbox.tools.registry import registry as default_registry
 
 NAME = "execute_code"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from rpc import CallRefused, Request
-from rpc import messages as kinds
-from tools.registry import ToolContext, ToolRegistry
+from hermes_sandbox.rpc import CallRefused, Request
+from hermes_sandbox.rpc import messages as kinds
+from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 
 
 class ToolCallBudget:

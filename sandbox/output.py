@@ -11,7 +11,7 @@ import os
 import tempfile
 from typing import BinaryIO
 
-from environments.capture import HeadTailBuffer, trim_utf8_end, trim_utf8_start
+from hermes_sandbox.environments.capture import HeadTailBuffer, trim_utf8_end, trim_utf8_start
 
 MAX_STDOUT_BYTES = 50_000
 MAX_STDERR_BYTES = 10_000

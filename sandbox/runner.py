@@ -19,14 +19,24 @@ from typing import Any
 
 import anyio
 
-from environments import BackendError, Environment, SandboxProcess, get_environment_class
-from rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
-from sandbox.childenv import scrub_environment
-from sandbox.gate import ToolCallBudget, ToolGate
-from sandbox.hints import failure_hint
-from sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
-from sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
-from sandbox.transports import (
+from hermes_sandbox.childenv import scrub_environment
+from hermes_sandbox.environments import (
+    BackendError,
+    Environment,
+    SandboxProcess,
+    get_environment_class,
+)
+from hermes_sandbox.errors import RunError
+from hermes_sandbox.gate import ToolCallBudget, ToolGate
+from hermes_sandbox.hints import failure_hint
+from hermes_sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
+from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
+from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
+from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
+from hermes_sandbox.tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
+from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
+from hermes_sandbox.tools.registry import registry as default_registry
+from hermes_sandbox.transports import (
     SHARED_DIRECTORY_TRANSPORTS,
     TRANSPORTS,
     Script,
@@ -35,22 +45,11 @@ from sandbox.transports import (
     choose_transport,
     needs_relay,
 )
-from stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
-from tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
-from tools.registry import ToolContext, ToolRegistry
-from tools.registry import registry as default_registry
 
 log = logging.getLogger(__name__)
 
 SCRIPT_NAME = "script.py"
 DRAIN_SECONDS = 2.0
-
-
-class RunError(Exception):
-    """A run that cannot start because of what was asked (bad tools, bad cwd, ...).
-
-    The message says what to do; the command line shows it without a traceback.
-    """
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,11 +30,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from environments import Environment
-from rpc import RPCServer, serve_unix_socket
-from rpc.files import serve_files
-from rpc.relay import RelayError, RelaySession
-from stubs import RELAY_MODULE
+from hermes_sandbox.environments import Environment
+from hermes_sandbox.errors import TransportUnavailable
+from hermes_sandbox.rpc import RPCServer, serve_unix_socket
+from hermes_sandbox.rpc.files import serve_files
+from hermes_sandbox.rpc.relay import RelayError, RelaySession
+from hermes_sandbox.stubs import RELAY_MODULE
 
 SOCKET_NAME = "rpc.sock"
 FILES_DIR_PREFIX = "rpc-"
@@ -56,10 +57,6 @@ class Script:
 
 
 Launcher = Callable[[Environment, RPCServer, Script], AbstractAsyncContextManager[Any]]
-
-
-class TransportUnavailable(Exception):
-    """The transport cannot work with this environment; the message says why."""
 
 
 def needs_relay(transport: str, environment: Environment) -> bool:

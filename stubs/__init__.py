@@ -4,12 +4,13 @@ Nothing in the generated files may need more than the standard library of the
 sandbox's Python (3.8 or newer).
 """
 
-from stubs.generate import (
+from hermes_sandbox.stubs.generate import (
     CODEC_MODULE,
     RELAY_MODULE,
     STUB_MODULE,
     StubError,
     generate_stub,
+    program_source,
     relay_source,
     stub_files,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "STUB_MODULE",
     "StubError",
     "generate_stub",
+    "program_source",
     "relay_source",
     "stub_files",
 ]

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import Any
 
+from hermes_sandbox.errors import StubError
+
 STUB_MODULE = "hermes_tools.py"
 CODEC_MODULE = "_hermes_msgpack.py"
 RELAY_MODULE = "_hermes_relay.py"
@@ -31,27 +33,29 @@ _JSON_TO_PY = {
 }
 
 
-class StubError(ValueError):
-    """A tool schema that cannot become a Python function in the stub."""
+@functools.cache
+def program_source(name: str) -> str:
+    """The source of a program that runs inside the sandbox, by file name (``_relay.py``).
 
-
-def _source(name: str) -> str:
-    return resources.files("stubs").joinpath(name).read_text(encoding="utf-8")
+    Every such program is a real, linted, stdlib-only file in this package, read here;
+    none is kept in a string.
+    """
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 @functools.cache
 def client_source() -> str:
-    return _source("_client.py")
+    return program_source("_client.py")
 
 
 @functools.cache
 def codec_source() -> str:
-    return _source("_msgpack.py")
+    return program_source("_msgpack.py")
 
 
 @functools.cache
 def relay_source() -> str:
-    return _source("_relay.py")
+    return program_source("_relay.py")
 
 
 def _docstring(text: str, indent: str = "    ") -> str:

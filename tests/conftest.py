@@ -32,9 +32,9 @@ from typing import Any
 import psutil
 import pytest
 
-import environments.docker as docker_backend
-from environments.local import MARKER_VAR
-from sandbox import ExecutionResult, execute_code
+import hermes_sandbox.environments.docker as docker_backend
+from hermes_sandbox import ExecutionResult, execute_code
+from hermes_sandbox.environments.local import MARKER_VAR
 
 try:
     import docker

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from sandbox import execute_code
-from tools.approval import ApprovalPolicy
+from hermes_sandbox import execute_code
+from hermes_sandbox.tools.approval import ApprovalPolicy
 
 # Flagged by the approval table (SQL DROP text), harmless: it appends to ran.log.
 FLAGGED = r"printf '%s\n' 'DROP TABLE a' >> ran.log"

@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from tools.approval import (
+from hermes_sandbox.tools.approval import (
     DANGEROUS_PATTERNS,
     MAX_CHECKED_CHARS,
     MAX_NESTING,

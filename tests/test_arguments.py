@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.arguments import ToolArguments, fast_validator
+from hermes_sandbox.tools.arguments import ToolArguments, fast_validator
 
 READ_FILE = {
     "type": "object",

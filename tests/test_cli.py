@@ -1,4 +1,4 @@
-"""End-to-end tests of the command line, run as a real subprocess: ``python -m sandbox``
+"""End-to-end tests of the command line, run as a real subprocess: ``python -m hermes_sandbox``
 (and the installed ``hermes-sandbox`` entry point once)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "sandbox"]
+CLI = [sys.executable, "-m", "hermes_sandbox"]
 RESULT_KEYS = {
     "status",
     "output",
@@ -247,7 +247,7 @@ def test_sigint_interrupts_the_run_and_kills_the_script(
 # -- custom tools and the stub ------------------------------------------------------------
 
 DOUBLE_TOOL = """
-from tools.registry import registry, tool_result
+from hermes_sandbox.tools.registry import registry, tool_result
 
 registry.register(
     name="double",
@@ -379,7 +379,7 @@ def test_tools_module_can_be_a_directory_of_tool_files(tmp_path, write):
     (tmp_path / "mytools").mkdir()
     write(
         "mytools/triple.py",
-        "from tools import registry, tool_result\n"
+        "from hermes_sandbox import registry, tool_result\n"
         "registry.register(name='triple', toolset='math',\n"
         "    handler=lambda args: tool_result(value=args['x'] * 3),\n"
         "    schema={'name': 'triple', 'description': 'Triple x.', 'parameters': {\n"

@@ -1,5 +1,5 @@
 """The command line with the config file and dangerous-command approvals, end to end: real
-``python -m sandbox`` processes, and a real pseudo-terminal for the approval prompt."""
+``python -m hermes_sandbox`` processes, and a real pseudo-terminal for the approval prompt."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import yaml
 from httpserver import LocalHTTPServer, Reply, Request
 from test_cli import CLI, assert_usage_error, cli, cli_env
 
-from sandbox.config import parse_config
-from tools.approval import normalise_command
+from hermes_sandbox.config import parse_config
+from hermes_sandbox.tools.approval import normalise_command
 
 WEB_VARS = (
     "SEARXNG_URL",

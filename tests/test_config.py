@@ -7,7 +7,7 @@ import stat
 import pytest
 import yaml
 
-from sandbox.config import (
+from hermes_sandbox.config import (
     Config,
     ConfigError,
     LimitsConfig,

@@ -40,12 +40,12 @@ from conftest import (
     ssh_server_from_service,
 )
 
-from environments import Environment
-from environments.docker import DockerConfig, DockerEnvironment
-from environments.local import LocalEnvironment
-from environments.singularity import SingularityEnvironment
-from environments.ssh import SSHEnvironment
-from sandbox import ExecutionResult, execute_code
+from hermes_sandbox import ExecutionResult, execute_code
+from hermes_sandbox.environments import Environment
+from hermes_sandbox.environments.docker import DockerConfig, DockerEnvironment
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.environments.singularity import SingularityEnvironment
+from hermes_sandbox.environments.ssh import SSHEnvironment
 
 TIMEOUT = 60.0
 REPO = Path(__file__).resolve().parent.parent
@@ -206,7 +206,7 @@ def held_modal(
     local environment checks on them."""
     from fakes.modal_fake import FakeModal
 
-    import environments.modal as modal_backend
+    import hermes_sandbox.environments.modal as modal_backend
 
     world = FakeModal(str(tmp_path / "modal-home"))
     monkeypatch.setattr(modal_backend, "_sdk", world)
@@ -228,7 +228,7 @@ def held_daytona(
     """The fake daytona SDK in place (sandboxes are local processes, as for modal)."""
     from fakes.daytona_fake import FakeDaytonaCloud
 
-    import environments.daytona as daytona_backend
+    import hermes_sandbox.environments.daytona as daytona_backend
 
     cloud = FakeDaytonaCloud(tmp_path / "cloud")
     monkeypatch.setattr(daytona_backend, "_sdk", cloud.sdk())

@@ -45,17 +45,20 @@ import psutil
 import pytest
 from conftest import removing_stages_of_vanished_fake_sandboxes
 
-import environments
-import environments.daytona as daytona_backend
-from environments import BackendNotAvailable, EnvironmentFailure, get_environment_class
-from environments.daytona import (
+import hermes_sandbox.environments.daytona as daytona_backend
+from hermes_sandbox import ExecutionResult, RunError, environments, execute_code
+from hermes_sandbox.environments import (
+    BackendNotAvailable,
+    EnvironmentFailure,
+    get_environment_class,
+)
+from hermes_sandbox.environments.daytona import (
     LABEL_MANAGED,
     LABEL_PERSIST,
     LABEL_TASK,
     DaytonaEnvironment,
     DaytonaSettings,
 )
-from sandbox import ExecutionResult, RunError, execute_code
 
 try:
     import daytona as real
@@ -186,7 +189,9 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDayto
     monkeypatch.delenv("DAYTONA_JWT_TOKEN", raising=False)
     if environments.BACKENDS.get("daytona") is None:  # until the registry names it
         monkeypatch.setitem(
-            environments.BACKENDS, "daytona", "environments.daytona:DaytonaEnvironment"
+            environments.BACKENDS,
+            "daytona",
+            "hermes_sandbox.environments.daytona:DaytonaEnvironment",
         )
     try:
         yield cloud

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-import tools.discovery as discovery
-from tools import load_tools_module, registry
-from tools.decorator import tool
-from tools.discovery import (
+import hermes_sandbox.tools.discovery as discovery
+from hermes_sandbox.tools import load_tools_module, registry
+from hermes_sandbox.tools.decorator import tool
+from hermes_sandbox.tools.discovery import (
     discover_builtin_tools,
     discover_package,
     discover_tools_directory,
     find_tool_files,
     source_registers_tools,
 )
-from tools.loader import ToolModuleError, load_builtin_tools
+from hermes_sandbox.tools.loader import ToolModuleError, load_builtin_tools
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def write(directory: Path, name: str, source: str) -> Path:
 def registering_module(tool_name: str, marker: Path | None = None) -> str:
     note = f"with open({str(marker)!r}, 'a') as f:\n    f.write('imported\\n')\n" if marker else ""
     return (
-        "from tools.registry import registry, tool_result\n"
+        "from hermes_sandbox import registry, tool_result\n"
         f"{note}"
         "def handle(args):\n"
         "    return tool_result(ok=True)\n"
@@ -70,7 +70,7 @@ def test_directory_imports_only_modules_that_register(tmp_path, caplog):
         raise RuntimeError("a helper must never be imported by discovery")
 
         def register_later():
-            from tools.registry import registry
+            from hermes_sandbox.tools.registry import registry
             registry.register(name="never", toolset="x", schema={{}}, handler=print)
         """,
     )
@@ -78,14 +78,14 @@ def test_directory_imports_only_modules_that_register(tmp_path, caplog):
         tmp_path,
         "broken_tool.py",
         """
-        from tools.registry import registry
+        from hermes_sandbox.tools.registry import registry
         raise ImportError("needs an optional dependency")
         registry.register(name="disc_broken", toolset="x", schema={}, handler=print)
         """,
     )
     write(tmp_path, "bad_syntax.py", "registry.register(\n")
     write(tmp_path, "_private.py", registering_module("disc_private"))
-    with caplog.at_level(logging.WARNING, logger="tools.discovery"):
+    with caplog.at_level(logging.WARNING, logger="hermes_sandbox.tools.discovery"):
         modules = discover_tools_directory(tmp_path)
     assert [m.__name__.rsplit("_", 2)[-2:] for m in modules] == [["good", "tool"]]
     assert "disc_good" in registry
@@ -115,7 +115,7 @@ def test_tool_files_may_import_helpers_beside_them(tmp_path):
         "uses_helper.py",
         """
         from shared_bits import PREFIX
-        from tools import registry
+        from hermes_sandbox.tools import registry
         registry.register(name=PREFIX + "helped", toolset="disc_test", schema={}, handler=print)
         """,
     )
@@ -133,7 +133,7 @@ def test_decorated_modules_are_discovered(tmp_path):
         tmp_path,
         "decorated.py",
         '''
-        from tools import tool
+        from hermes_sandbox.tools import tool
 
         @tool(toolset="disc_test")
         def disc_shout(text: str) -> str:
@@ -152,22 +152,26 @@ def test_decorated_modules_are_discovered(tmp_path):
 @pytest.mark.parametrize(
     "source",
     [
-        "from tools.registry import registry\nregistry.register(name='x')",
-        "from tools import registry\nregistry.register(name='x')",
-        "from tools.registry import registry as reg\nreg.register(name='x')",
-        "from tools import registry as r\nentry = r.register(name='x')",
-        "import tools.registry\ntools.registry.registry.register(name='x')",
-        "import tools\ntools.registry.register(name='x')",
-        "from tools.registry import *\nregistry.register(name='x')",
+        "from hermes_sandbox import registry\nregistry.register(name='x')",
+        "from hermes_sandbox.tools.registry import registry\nregistry.register(name='x')",
+        "from hermes_sandbox.tools import registry\nregistry.register(name='x')",
+        "from hermes_sandbox import registry as reg\nreg.register(name='x')",
+        "from hermes_sandbox import registry as r\nentry = r.register(name='x')",
+        "import hermes_sandbox\nhermes_sandbox.registry.register(name='x')",
+        "import hermes_sandbox.tools.registry\n"
+        "hermes_sandbox.tools.registry.registry.register(name='x')",
+        "from hermes_sandbox import *\nregistry.register(name='x')",
+        "from hermes_sandbox.tools.registry import *\nregistry.register(name='x')",
         "registry.register(name='x')",
         "if True:\n    try:\n        registry.register(name='x')\n"
         "    except ValueError:\n        pass",
-        "from tools import tool\n@tool\ndef f(): pass",
-        "from tools import tool\n@tool(toolset='m')\ndef f(): pass",
-        "from tools.decorator import tool as make\n@make(toolset='m')\nasync def f(): pass",
-        "import tools\n@tools.tool()\ndef f(): pass",
-        "from tools import tool\ndef f(): pass\ntool(toolset='m')(f)",
-        "from tools import tool\nclass Box:\n    @tool\n    def f(): pass",
+        "from hermes_sandbox import tool\n@tool\ndef f(): pass",
+        "from hermes_sandbox import tool\n@tool(toolset='m')\ndef f(): pass",
+        "from hermes_sandbox.tools.decorator import tool as make\n"
+        "@make(toolset='m')\nasync def f(): pass",
+        "import hermes_sandbox\n@hermes_sandbox.tool()\ndef f(): pass",
+        "from hermes_sandbox import tool\ndef f(): pass\ntool(toolset='m')(f)",
+        "from hermes_sandbox import tool\nclass Box:\n    @tool\n    def f(): pass",
     ],
 )
 def test_registration_spellings_are_recognised(source):
@@ -193,19 +197,21 @@ def test_helpers_are_not_mistaken_for_tool_modules(source):
 
 def test_relative_imports_resolve_against_the_package():
     source = "from .registry import registry as r\nr.register(name='x')"
-    assert source_registers_tools(source, package="tools")
-    assert source_registers_tools("from . import tool\n@tool\ndef f(): pass", package="tools")
+    assert source_registers_tools(source, package="hermes_sandbox.tools")
+    assert source_registers_tools(
+        "from . import tool\n@tool\ndef f(): pass", package="hermes_sandbox.tools"
+    )
 
 
 def test_builtin_discovery_finds_the_tool_modules_and_no_helpers():
     found = load_builtin_tools()
-    assert {"tools.file_tools", "tools.terminal_tool"} <= set(found)
+    assert {"hermes_sandbox.tools.file_tools", "hermes_sandbox.tools.terminal_tool"} <= set(found)
     for helper in ("registry", "loader", "discovery", "arguments", "toolsets", "decorator"):
-        assert f"tools.{helper}" not in found
+        assert f"hermes_sandbox.tools.{helper}" not in found
     assert {"read_file", "write_file", "terminal"} <= set(registry.names())
-    on_disk = find_tool_files(Path(discovery.__file__).parent, package="tools")
+    on_disk = find_tool_files(Path(discovery.__file__).parent, package="hermes_sandbox.tools")
     assert found == sorted(found)
-    assert set(found) <= {f"tools.{p.stem}" for p in on_disk}  # less any that failed
+    assert set(found) <= {f"hermes_sandbox.tools.{p.stem}" for p in on_disk}  # less any that failed
 
 
 def test_builtin_discovery_is_cached(monkeypatch):
@@ -256,4 +262,4 @@ def test_load_tools_module_by_path_still_works(tmp_path):
 
 
 def test_the_decorator_is_importable_from_tools():
-    assert tool.__module__ == "tools.decorator"
+    assert tool.__module__ == "hermes_sandbox.tools.decorator"

@@ -34,9 +34,14 @@ import anyio.abc
 import pytest
 from conftest import IMAGE, RUN_ID, TEST_LABEL
 
-import environments.docker as docker_backend
-from environments import BackendNotAvailable, EnvironmentFailure, FileStat, get_environment_class
-from environments.docker import (
+import hermes_sandbox.environments.docker as docker_backend
+from hermes_sandbox.environments import (
+    BackendNotAvailable,
+    EnvironmentFailure,
+    FileStat,
+    get_environment_class,
+)
+from hermes_sandbox.environments.docker import (
     LABEL_MANAGED,
     LABEL_PERSIST,
     LABEL_TASK,
@@ -46,7 +51,7 @@ from environments.docker import (
     owner_labels,
     reap_orphaned_containers,
 )
-from environments.errors import SpawnNotAvailable
+from hermes_sandbox.environments.errors import SpawnNotAvailable
 
 try:
     import docker
@@ -625,7 +630,7 @@ def test_a_missing_sdk_is_not_available() -> None:
         import sys
         sys.modules["docker"] = None  # as if not installed
         import anyio
-        from environments import BackendNotAvailable, get_environment_class
+        from hermes_sandbox.environments import BackendNotAvailable, get_environment_class
         cls = get_environment_class("docker")
         try:
             anyio.run(cls().start)
@@ -785,7 +790,7 @@ def test_the_command_line_runs_a_script_in_a_container(engine: Any, tmp_path: Pa
         [
             sys.executable,
             "-m",
-            "sandbox",
+            "hermes_sandbox",
             "run",
             "--backend",
             "docker",
@@ -814,7 +819,7 @@ def test_the_command_line_reports_a_missing_image_without_a_traceback(
         [
             sys.executable,
             "-m",
-            "sandbox",
+            "hermes_sandbox",
             "run",
             "--backend",
             "docker",
@@ -837,7 +842,7 @@ def test_the_command_line_reports_a_missing_image_without_a_traceback(
 
 
 def docker_run(code: str, **options: Any) -> Any:
-    from sandbox import execute_code
+    from hermes_sandbox import execute_code
 
     backend_options = {"image": IMAGE, "labels": {TEST_LABEL: RUN_ID}}
     backend_options.update(options.pop("backend_options", {}))

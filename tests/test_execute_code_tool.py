@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sandbox.execute_code_tool import build_schema, register_execute_code, sandbox_tools_for
-from sandbox.runner import RunOptions
-from tools import ToolRegistry, load_builtin_tools, registry
+from hermes_sandbox.execute_code_tool import build_schema, register_execute_code, sandbox_tools_for
+from hermes_sandbox.runner import RunOptions
+from hermes_sandbox.tools import ToolRegistry, load_builtin_tools, registry
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from typing import Any
 import anyio
 import pytest
 
-import tools.file_tools  # noqa: F401 - registers read_file and write_file
-from environments.local import LocalEnvironment
-from tools.file_tools import MAX_READ_FILE_BYTES, MAX_RETURNED_CHARS
-from tools.registry import ToolContext, registry
+import hermes_sandbox.tools.file_tools  # noqa: F401 - registers read_file and write_file
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.file_tools import MAX_READ_FILE_BYTES, MAX_RETURNED_CHARS
+from hermes_sandbox.tools.registry import ToolContext, registry
 
 
 @pytest.fixture

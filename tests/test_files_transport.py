@@ -23,11 +23,11 @@ import anyio.to_thread
 import msgpack
 import pytest
 
-from rpc import messages
-from rpc.errors import CallRefused
-from rpc.files import FileChannel, serve_files
-from rpc.messages import Request
-from rpc.server import RPCServer
+from hermes_sandbox.rpc import messages
+from hermes_sandbox.rpc.errors import CallRefused
+from hermes_sandbox.rpc.files import FileChannel, serve_files
+from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.server import RPCServer
 
 TOKEN = "files-token"
 REPLY_TIMEOUT = 5.0

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpc.errors import ConnectionClosed, FrameError, FrameTooLarge, RPCError
-from rpc.framing import (
+from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError, FrameTooLarge, RPCError
+from hermes_sandbox.rpc.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
     FrameDecoder,

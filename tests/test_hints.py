@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import execute_code
-from sandbox.hints import failure_hint
+from hermes_sandbox import execute_code
+from hermes_sandbox.hints import failure_hint
 
 
 @pytest.mark.parametrize(

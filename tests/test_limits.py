@@ -19,8 +19,8 @@ import anyio
 import psutil
 import pytest
 
-from sandbox import execute_code, execute_code_async
-from sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES
+from hermes_sandbox import execute_code, execute_code_async
+from hermes_sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES
 
 HEAD_BYTES = int(MAX_STDOUT_BYTES * 0.4)
 TAIL_BYTES = MAX_STDOUT_BYTES - HEAD_BYTES

@@ -62,12 +62,16 @@ from fakes.modal_fake import (
     wait_until,
 )
 
-import environments.modal as modal_backend
-from environments import BackendNotAvailable, EnvironmentFailure, get_environment_class
-from environments.errors import SpawnNotAvailable
-from environments.modal import ModalConfig, ModalEnvironment, SandboxGone
-from rpc.relay import LOST_EXIT_CODE
-from sandbox import ExecutionResult, execute_code
+import hermes_sandbox.environments.modal as modal_backend
+from hermes_sandbox import ExecutionResult, execute_code
+from hermes_sandbox.environments import (
+    BackendNotAvailable,
+    EnvironmentFailure,
+    get_environment_class,
+)
+from hermes_sandbox.environments.errors import SpawnNotAvailable
+from hermes_sandbox.environments.modal import ModalConfig, ModalEnvironment, SandboxGone
+from hermes_sandbox.rpc.relay import LOST_EXIT_CODE
 
 pytestmark = pytest.mark.not_live
 
@@ -473,9 +477,9 @@ def test_the_module_imports_without_modal_and_says_what_to_install() -> None:
         import sys
         sys.modules["modal"] = None  # as if not installed
         import anyio
-        from environments import BackendNotAvailable
-        from environments.modal import ModalConfig, ModalEnvironment
-        from sandbox import execute_code
+        from hermes_sandbox.environments import BackendNotAvailable
+        from hermes_sandbox.environments.modal import ModalConfig, ModalEnvironment
+        from hermes_sandbox import execute_code
         env = ModalEnvironment(ModalConfig(sandbox_name="x"))
         try:
             anyio.run(env.start)
@@ -512,8 +516,8 @@ def test_missing_credentials_with_the_real_sdk(tmp_path: Path, real_sdk: Any) ->
     code = textwrap.dedent(
         """
         import time, anyio
-        from environments import BackendNotAvailable
-        from environments.modal import ModalEnvironment
+        from hermes_sandbox.environments import BackendNotAvailable
+        from hermes_sandbox.environments.modal import ModalEnvironment
         started = time.monotonic()
         try:
             anyio.run(ModalEnvironment().start)
@@ -559,8 +563,8 @@ def test_an_unreachable_service_with_the_real_sdk(tmp_path: Path, real_sdk: Any)
     code = textwrap.dedent(
         """
         import anyio
-        from environments import BackendNotAvailable
-        from environments.modal import ModalEnvironment
+        from hermes_sandbox.environments import BackendNotAvailable
+        from hermes_sandbox.environments.modal import ModalEnvironment
         try:
             anyio.run(ModalEnvironment().start)
         except BackendNotAvailable as exc:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-import tools.patch_tool as patch_tool
-from environments.local import LocalEnvironment
-from tools.registry import ToolContext, registry
+import hermes_sandbox.tools.patch_tool as patch_tool
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.registry import ToolContext, registry
 
 pytestmark = pytest.mark.anyio
 

@@ -29,10 +29,10 @@ from typing import Any
 import anyio
 import pytest
 
-import tools.path_policy as path_policy
-from environments.base import CommandResult, FileStat
-from environments.local import LocalEnvironment
-from tools.path_policy import (
+import hermes_sandbox.tools.path_policy as path_policy
+from hermes_sandbox.environments.base import CommandResult, FileStat
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.path_policy import (
     PathRefused,
     check_read,
     check_write,
@@ -40,7 +40,7 @@ from tools.path_policy import (
     resolve_for_write,
     resolve_path,
 )
-from tools.registry import ToolContext
+from hermes_sandbox.tools.registry import ToolContext
 
 
 @pytest.fixture

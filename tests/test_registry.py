@@ -15,8 +15,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from tools.decorator import build_tool_schema, parse_docstring, tool
-from tools.registry import (
+from hermes_sandbox.tools.decorator import build_tool_schema, parse_docstring, tool
+from hermes_sandbox.tools.registry import (
     CHECK_TTL_SECONDS,
     ToolContext,
     ToolRegistry,
@@ -651,7 +651,7 @@ def test_decorator_async_function_with_context_and_defaults():
 
 
 def test_bare_decorator_on_the_global_registry_and_kwargs():
-    from tools.registry import registry as global_registry
+    from hermes_sandbox.tools.registry import registry as global_registry
 
     @tool
     def decorator_test_echo(word: str, **extra) -> str:

@@ -25,13 +25,13 @@ import anyio.to_thread
 import msgpack
 import pytest
 
-import rpc.unix
-from rpc.errors import CallRefused
-from rpc.messages import Request
-from rpc.server import DEFAULT_MAX_CONNECTIONS, RPCServer
-from rpc.unix import serve_unix_socket
-from sandbox.gate import ToolCallBudget, ToolGate
-from tools.registry import ToolContext, ToolRegistry
+from hermes_sandbox.gate import ToolCallBudget, ToolGate
+from hermes_sandbox.rpc import unix as rpc_unix
+from hermes_sandbox.rpc.errors import CallRefused
+from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.server import DEFAULT_MAX_CONNECTIONS, RPCServer
+from hermes_sandbox.rpc.unix import serve_unix_socket
+from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 
 TOKEN = "s3cret-token"
 GiB = 2**30
@@ -181,7 +181,7 @@ def connection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
         async def over_anyio_stream(server: RPCServer, conn: socket.socket) -> None:
             await server.serve(await anyio.abc.SocketStream.from_socket(conn))
 
-        monkeypatch.setattr(rpc.unix, "_serve_connection", over_anyio_stream)
+        monkeypatch.setattr(rpc_unix, "_serve_connection", over_anyio_stream)
     return str(request.param)
 
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-import tools.search_tool as search_tool
-from environments.base import CommandResult
-from environments.local import LocalEnvironment
-from tools.registry import ToolContext, registry
+import hermes_sandbox.tools.search_tool as search_tool
+from hermes_sandbox.environments.base import CommandResult
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.registry import ToolContext, registry
 
 pytestmark = pytest.mark.anyio
 

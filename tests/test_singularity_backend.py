@@ -36,17 +36,21 @@ import anyio
 import psutil
 import pytest
 
-from environments import BackendNotAvailable, EnvironmentFailure, get_environment_class
-from environments.helper import HELPER_SOURCE
-from environments.singularity import (
+from hermes_sandbox import execute_code
+from hermes_sandbox.api import execute_code_async
+from hermes_sandbox.environments import (
+    BackendNotAvailable,
+    EnvironmentFailure,
+    get_environment_class,
+)
+from hermes_sandbox.environments.helper import HELPER_SOURCE
+from hermes_sandbox.environments.singularity import (
     IMAGE_VAR,
     Bind,
     SingularityConfig,
     SingularityEnvironment,
 )
-from sandbox import execute_code
-from sandbox.api import execute_code_async
-from sandbox.runner import RunError
+from hermes_sandbox.runner import RunError
 
 pytestmark = pytest.mark.not_live
 
@@ -597,7 +601,7 @@ REAPER_VICTIM = """
 import os, signal, sys
 import anyio
 sys.path.insert(0, {repo!r})
-from environments.singularity import SingularityConfig, SingularityEnvironment
+from hermes_sandbox.environments.singularity import SingularityConfig, SingularityEnvironment
 
 async def main():
     env = SingularityEnvironment(SingularityConfig(image={image!r}, shared_dir={shared!r}))
@@ -947,7 +951,7 @@ def test_the_command_line_runs_a_script_in_an_instance(cli: FakeCLI, tmp_path: P
         [
             sys.executable,
             "-m",
-            "sandbox",
+            "hermes_sandbox",
             "run",
             str(script),
             "--backend",

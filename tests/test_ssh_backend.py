@@ -38,11 +38,20 @@ import psutil
 import pytest
 from conftest import ssh_server_from_environment, ssh_server_from_service
 
-import environments.ssh as ssh_backend
-from environments import BackendNotAvailable, EnvironmentFailure, get_environment_class
-from environments.errors import SpawnNotAvailable
-from environments.ssh import SSHConfig, SSHEnvironment, close_pooled_connections, pool_stats
-from sandbox import execute_code, execute_code_async
+import hermes_sandbox.environments.ssh as ssh_backend
+from hermes_sandbox import execute_code, execute_code_async
+from hermes_sandbox.environments import (
+    BackendNotAvailable,
+    EnvironmentFailure,
+    get_environment_class,
+)
+from hermes_sandbox.environments.errors import SpawnNotAvailable
+from hermes_sandbox.environments.ssh import (
+    SSHConfig,
+    SSHEnvironment,
+    close_pooled_connections,
+    pool_stats,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = REPO / "scripts" / "sshd-service"
@@ -317,7 +326,7 @@ def test_backend_is_registered_and_for_run_takes_settings() -> None:
 
 
 def test_bad_backend_options_are_a_run_error() -> None:
-    from sandbox.runner import RunError
+    from hermes_sandbox.runner import RunError
 
     with pytest.raises(RunError, match="unknown ssh backend setting"):
         execute_code("print(1)", backend="ssh", backend_options={"host": "h", "nope": 1})

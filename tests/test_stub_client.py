@@ -26,12 +26,12 @@ import anyio
 import psutil
 import pytest
 
-import stubs
-from rpc.server import RPCServer
-from rpc.unix import serve_unix_socket
-from sandbox.gate import ToolCallBudget, ToolGate
-from stubs.generate import StubError, generate_stub, tool_function_source
-from tools.registry import ToolContext, ToolRegistry
+from hermes_sandbox import stubs
+from hermes_sandbox.gate import ToolCallBudget, ToolGate
+from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.rpc.unix import serve_unix_socket
+from hermes_sandbox.stubs.generate import StubError, generate_stub, tool_function_source
+from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 
 TOKEN = "stub-test-token"
 PYTHON38 = "/root/.pyenv/versions/3.8.18/bin/python3.8"

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stubs import _msgpack
-from stubs._msgpack import MsgpackError
+from hermes_sandbox.stubs import _msgpack
+from hermes_sandbox.stubs._msgpack import MsgpackError
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1

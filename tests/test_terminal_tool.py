@@ -20,12 +20,12 @@ import anyio
 import psutil
 import pytest
 
-import tools.terminal_tool  # noqa: F401 - registers the terminal tool
-from environments.base import CommandResult
-from environments.local import LocalEnvironment
-from tools.approval import ApprovalPolicy
-from tools.registry import ToolContext, registry
-from tools.terminal_tool import MAX_OUTPUT_CHARS
+import hermes_sandbox.tools.terminal_tool  # noqa: F401 - registers the terminal tool
+from hermes_sandbox.environments.base import CommandResult
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.approval import ApprovalPolicy
+from hermes_sandbox.tools.registry import ToolContext, registry
+from hermes_sandbox.tools.terminal_tool import MAX_OUTPUT_CHARS
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-import tools.toolsets as toolsets
-from sandbox import cli
-from tools import load_builtin_tools
-from tools.registry import ToolRegistry
-from tools.toolsets import (
+import hermes_sandbox.tools.toolsets as toolsets
+from hermes_sandbox import cli
+from hermes_sandbox.tools import load_builtin_tools
+from hermes_sandbox.tools.registry import ToolRegistry
+from hermes_sandbox.tools.toolsets import (
     BUILTIN_TOOLSETS,
     Toolset,
     ToolsetError,
@@ -68,7 +68,7 @@ def test_all_and_star_mean_every_registered_tool():
 
 
 def test_unknown_toolset_is_empty_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="tools.toolsets"):
+    with caplog.at_level(logging.WARNING, logger="hermes_sandbox.tools.toolsets"):
         assert resolve_toolset("nope", EMPTY) == []
     assert "unknown toolset 'nope'" in caplog.text
 
@@ -86,7 +86,7 @@ def test_cycles_and_diamonds_resolve_each_tool_once():
 
 def test_unknown_include_is_skipped_with_a_warning(caplog):
     create_toolset("mixed", tools=["t"], includes=["missing", "terminal"])
-    with caplog.at_level(logging.WARNING, logger="tools.toolsets"):
+    with caplog.at_level(logging.WARNING, logger="hermes_sandbox.tools.toolsets"):
         assert resolve_toolset("mixed", EMPTY) == ["t", "terminal"]
     assert "'missing'" in caplog.text
 

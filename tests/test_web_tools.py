@@ -23,9 +23,9 @@ import httpcore
 import pytest
 from httpserver import LocalHTTPServer, Reply, Request
 
-from tools import web_tools
-from tools.registry import ToolRegistry, registry
-from tools.web_tools import MAX_RESPONSE_BYTES
+from hermes_sandbox.tools import web_tools
+from hermes_sandbox.tools.registry import ToolRegistry, registry
+from hermes_sandbox.tools.web_tools import MAX_RESPONSE_BYTES
 
 BRAVE_KEY = "brave-test-key"
 TAVILY_KEY = "tvly-test-key"

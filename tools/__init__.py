@@ -1,10 +1,19 @@
 """What a tool is: the registry, its entries, toolsets, argument handling, discovery,
 the ``@tool`` decorator, and the built-in sandbox tools."""
 
-from tools.decorator import tool
-from tools.discovery import discover_builtin_tools, discover_package, discover_tools_directory
-from tools.loader import ToolModuleError, load_builtin_tools, load_tools, load_tools_module
-from tools.registry import (
+from hermes_sandbox.tools.decorator import tool
+from hermes_sandbox.tools.discovery import (
+    discover_builtin_tools,
+    discover_package,
+    discover_tools_directory,
+)
+from hermes_sandbox.tools.loader import (
+    ToolModuleError,
+    load_builtin_tools,
+    load_tools,
+    load_tools_module,
+)
+from hermes_sandbox.tools.registry import (
     ToolContext,
     ToolEntry,
     ToolRegistry,
@@ -12,7 +21,7 @@ from tools.registry import (
     tool_error,
     tool_result,
 )
-from tools.toolsets import (
+from hermes_sandbox.tools.toolsets import (
     BLOCKED_TOOLS,
     SANDBOX_TOOLS,
     Toolset,

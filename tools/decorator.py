@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tools.registry import ToolContext, ToolEntry, ToolRegistry, tool_result
-from tools.registry import registry as default_registry
+from hermes_sandbox.tools.registry import ToolContext, ToolEntry, ToolRegistry, tool_result
+from hermes_sandbox.tools.registry import registry as default_registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 

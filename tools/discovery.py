@@ -2,10 +2,10 @@
 register tools when imported.
 
 A module counts as a tool module when, at module level (not inside a function body),
-it calls ``registry.register(...)`` or uses the :func:`tools.decorator.tool` decorator.
-The registry may be spelled as imported (``from tools.registry import registry``,
-``from tools import registry as r``, ``import tools.registry``) or by its conventional
-bare name ``registry``. Helper modules that register nothing are never imported, so a
+it calls ``registry.register(...)`` or uses the :func:`hermes_sandbox.tool` decorator.
+The registry may be spelled as imported (``from hermes_sandbox import registry``,
+``from hermes_sandbox import registry as r``, ``import hermes_sandbox``) or by its
+conventional bare name ``registry``. Helper modules that register nothing are never imported, so a
 helper with side effects or heavy imports costs nothing. A module that fails to import
 is logged (a warning naming the module and the exception) and skipped: one broken tool
 never takes the others down.
@@ -28,20 +28,34 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
-from tools.loader import ToolModuleError, import_file
+from hermes_sandbox.tools.loader import ToolModuleError, import_file
 
 log = logging.getLogger(__name__)
 
 # The tools package's own machinery: never a tool module, never imported by discovery.
 BUILTIN_EXCLUDED = frozenset({"registry.py", "loader.py", "discovery.py"})
 
-_REGISTRY_PATHS = frozenset({"tools.registry.registry", "tools.registry"})
-_DECORATOR_PATHS = frozenset({"tools.tool", "tools.decorator.tool"})
+# Every spelling of the default registry and of ``@tool``: the public top-level names,
+# and where they are defined.
+_REGISTRY_PATHS = frozenset(
+    {
+        "hermes_sandbox.registry",
+        "hermes_sandbox.tools.registry",
+        "hermes_sandbox.tools.registry.registry",
+    }
+)
+_DECORATOR_PATHS = frozenset(
+    {"hermes_sandbox.tool", "hermes_sandbox.tools.tool", "hermes_sandbox.tools.decorator.tool"}
+)
 # What ``from X import *`` binds, for the modules that export the registry or decorator.
 _STAR_EXPORTS = {
-    "tools": {"registry": "tools.registry", "tool": "tools.tool"},
-    "tools.registry": {"registry": "tools.registry.registry"},
-    "tools.decorator": {"tool": "tools.decorator.tool"},
+    "hermes_sandbox": {"registry": "hermes_sandbox.registry", "tool": "hermes_sandbox.tool"},
+    "hermes_sandbox.tools": {
+        "registry": "hermes_sandbox.tools.registry",
+        "tool": "hermes_sandbox.tools.tool",
+    },
+    "hermes_sandbox.tools.registry": {"registry": "hermes_sandbox.tools.registry.registry"},
+    "hermes_sandbox.tools.decorator": {"tool": "hermes_sandbox.tools.decorator.tool"},
 }
 
 
@@ -209,12 +223,13 @@ def discover_builtin_tools(*, refresh: bool = False) -> list[str]:
     with _builtin_lock:
         if _builtin_modules is not None and not refresh:
             return list(_builtin_modules)
-        import tools
+        from hermes_sandbox import tools
 
         directory = Path(tools.__file__).parent
         imported = []
-        for path in find_tool_files(directory, package="tools", exclude=BUILTIN_EXCLUDED):
-            name = f"tools.{path.stem}"
+        package = tools.__name__
+        for path in find_tool_files(directory, package=package, exclude=BUILTIN_EXCLUDED):
+            name = f"{package}.{path.stem}"
             if _import_or_warn(name) is not None:
                 imported.append(name)
         _builtin_modules = imported

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.handler_args import int_arg
-from tools.path_policy import PathRefused, resolve_for_read, resolve_for_write
-from tools.registry import ToolContext, registry, tool_error, tool_result
+from hermes_sandbox.tools.handler_args import int_arg
+from hermes_sandbox.tools.path_policy import PathRefused, resolve_for_read, resolve_for_write
+from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
 
 MAX_READ_FILE_BYTES = 20 * 1024 * 1024  # refuse bigger files: total_lines needs them whole
 MAX_RETURNED_CHARS = 100_000  # what one call may return, whatever limit asks for

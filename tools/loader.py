@@ -12,9 +12,7 @@ import os
 import sys
 from types import ModuleType
 
-
-class ToolModuleError(Exception):
-    """A tools module that could not be found or imported; the message says why."""
+from hermes_sandbox.errors import ToolModuleError
 
 
 def load_builtin_tools() -> list[str]:
@@ -22,7 +20,7 @@ def load_builtin_tools() -> list[str]:
 
     Cheap to call again: discovery runs once per process.
     """
-    from tools.discovery import discover_builtin_tools
+    from hermes_sandbox.tools.discovery import discover_builtin_tools
 
     return discover_builtin_tools()
 
@@ -84,7 +82,7 @@ def load_tools_module(spec: str) -> ModuleType:
             f"tools module {spec} failed to import: {type(exc).__name__}: {exc}"
         ) from exc
     if getattr(module, "__path__", None):
-        from tools.discovery import discover_package
+        from hermes_sandbox.tools.discovery import discover_package
 
         discover_package(module)
     return module
@@ -97,7 +95,7 @@ def load_tools(spec: str) -> list[ModuleType]:
     Raises :class:`ToolModuleError` with the reason when it cannot be loaded.
     """
     if os.path.isdir(spec):
-        from tools.discovery import discover_tools_directory
+        from hermes_sandbox.tools.discovery import discover_tools_directory
 
         return discover_tools_directory(spec)
     return [load_tools_module(spec)]

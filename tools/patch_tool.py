@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from environments.base import Environment
-from tools.handler_args import bool_arg
-from tools.path_policy import PathRefused, ResolvedPath, resolve_for_write
-from tools.registry import ToolContext, registry, tool_error, tool_result
+from hermes_sandbox.environments.base import Environment
+from hermes_sandbox.errors import ToolError
+from hermes_sandbox.tools.handler_args import bool_arg
+from hermes_sandbox.tools.path_policy import PathRefused, ResolvedPath, resolve_for_write
+from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
 
 MAX_PATCH_FILE_BYTES = 20 * 1024 * 1024  # files bigger than this are refused, not edited
 MAX_DIFF_CHARS = 6_000  # the diff in a result is cut past this many characters
@@ -102,7 +103,7 @@ PATCH_SCHEMA = {
 }
 
 
-class PatchError(Exception):
+class PatchError(ToolError):
     """Why a patch could not be applied; the message is meant for the model.
 
     ``refused`` marks a refusal by the path policy (the result then says so).

@@ -28,8 +28,9 @@ import posixpath
 import shlex
 from dataclasses import dataclass
 
-from environments.base import Environment, FileStat
-from tools.registry import ToolContext
+from hermes_sandbox.environments.base import Environment, FileStat
+from hermes_sandbox.errors import PathRefused
+from hermes_sandbox.tools.registry import ToolContext
 
 MAX_SYMLINK_HOPS = 40  # as Linux: a longer chain of dangling symlinks resolves no further
 
@@ -112,10 +113,6 @@ _NOT_REGULAR = {
     "socket": "a socket",
     "other": "not a regular file",
 }
-
-
-class PathRefused(Exception):
-    """A path the policy refuses; the message says what and why, for the script."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from tools.arguments import ToolArguments, describe_problems
+from hermes_sandbox.tools.arguments import ToolArguments, describe_problems
 
 if TYPE_CHECKING:
-    from environments.base import Environment
+    from hermes_sandbox.environments.base import Environment
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import warnings
 import weakref
 from typing import Any
 
-from environments.base import Environment
-from tools.handler_args import bool_arg, int_arg
-from tools.path_policy import PathRefused, resolve_for_read
-from tools.registry import ToolContext, registry, tool_error, tool_result
+from hermes_sandbox.environments.base import Environment
+from hermes_sandbox.tools.handler_args import bool_arg, int_arg
+from hermes_sandbox.tools.path_policy import PathRefused, resolve_for_read
+from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000

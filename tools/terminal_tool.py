@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.approval import ApprovalPolicy
-from tools.registry import ToolContext, registry, tool_error, tool_result
+from hermes_sandbox.tools.approval import ApprovalPolicy
+from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
 
 DEFAULT_TIMEOUT = 180
 MAX_TIMEOUT = 3600

@@ -18,8 +18,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tools.registry import ToolRegistry
-from tools.registry import registry as default_registry
+from hermes_sandbox.errors import ToolsetError
+from hermes_sandbox.tools.registry import ToolRegistry
+from hermes_sandbox.tools.registry import registry as default_registry
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,6 @@ SANDBOX_TOOLS = (
 )
 # Never callable from inside a script, whatever the caller allows.
 BLOCKED_TOOLS = frozenset({"execute_code", "delegate_task"})
-
-
-class ToolsetError(ValueError):
-    """A toolset that does not exist or cannot be used as asked; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)

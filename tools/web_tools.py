@@ -89,8 +89,9 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import anyio
 import anyio.to_thread
 
-from tools.handler_args import int_arg
-from tools.registry import registry, tool_error, tool_result
+from hermes_sandbox.errors import ToolError
+from hermes_sandbox.tools.handler_args import int_arg
+from hermes_sandbox.tools.registry import registry, tool_error, tool_result
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -147,7 +148,7 @@ _DROPPED_TAGS = (
 )
 
 
-class WebToolError(Exception):
+class WebToolError(ToolError):
     """Root of the web tools' errors; the message is what the model is shown."""
 
 
