@@ -13,6 +13,7 @@ Tools are registered on :data:`registry` with ``registry.register(...)`` or the
 """
 
 from hermes_sandbox.api import execute_code, execute_code_async
+from hermes_sandbox.errors import SandboxError
 from hermes_sandbox.gate import ToolCallBudget
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
@@ -33,6 +34,7 @@ __all__ = [
     "ExecutionResult",
     "RunError",
     "RunOptions",
+    "SandboxError",
     "ToolCallBudget",
     "ToolContext",
     "ToolRegistry",
