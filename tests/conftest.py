@@ -326,3 +326,56 @@ def engine() -> Iterator[Any]:
                 pass
             docker_backend._remove_shared_dir(entry.get("Labels") or {})
         client.close()
+
+
+# -- fresh virtual environments with this project's wheel ------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+HERMES_AGENT = "hermes-agent>=0.19,<0.20"
+
+
+def pip_install(python: Path, *args: str, timeout: float = 600) -> None:
+    """pip install into another environment; a missing index skips (fails under CI)."""
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    require(
+        None if done.returncode == 0 else f"pip install {' '.join(args)} failed: {done.stderr}",
+        "a package index",
+    )
+
+
+def fresh_venv(path: Path, wheel: Path, *neighbours: str) -> Path:
+    """A new virtual environment holding ``neighbours`` from the index, then our wheel;
+    its python."""
+    import venv
+
+    venv.create(path, with_pip=True)
+    python = path / "bin" / "python"
+    if neighbours:
+        pip_install(python, *neighbours)
+    pip_install(python, str(wheel))
+    return python
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout built as a wheel, once per session."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (found,) = out.glob("hermes_sandbox-*.whl")
+    return found
+
+
+@pytest.fixture(scope="session")
+def hermes_agent_python(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """The python of a fresh venv with hermes-agent from PyPI and our wheel beside it."""
+    return fresh_venv(tmp_path_factory.mktemp("venv") / "hermes-agent", wheel, HERMES_AGENT)

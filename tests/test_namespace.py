@@ -13,18 +13,14 @@ import os
 import subprocess
 import sys
 import textwrap
-import venv
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import fresh_venv
 
-REPO = Path(__file__).resolve().parent.parent
-HERMES_AGENT = "hermes-agent>=0.19,<0.20"
-
-pytestmark = pytest.mark.slow
+# Building the venv (hermes-agent from PyPI) counts against the first test using it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # Run in a fresh directory, so the repository's own folders are never on sys.path.
 SCRIPT = textwrap.dedent(
@@ -34,41 +30,6 @@ SCRIPT = textwrap.dedent(
     print(read_file("notes.txt")["content"].strip())
     """
 )
-
-
-def _pip(python: Path, *args: str, timeout: float = 600) -> None:
-    done = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    require(
-        None if done.returncode == 0 else f"pip install {' '.join(args)} failed: {done.stderr}",
-        "a package index",
-    )
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (found,) = out.glob("hermes_sandbox-*.whl")
-    return found
-
-
-def _fresh_venv(path: Path, wheel: Path, *neighbours: str) -> Path:
-    venv.create(path, with_pip=True)
-    python = path / "bin" / "python"
-    if neighbours:
-        _pip(python, *neighbours)
-    _pip(python, str(wheel))
-    return python
 
 
 @pytest.fixture
@@ -106,13 +67,8 @@ def test_the_wheel_installs_only_hermes_sandbox(wheel: Path) -> None:
         assert f"hermes_sandbox/{layer}/__init__.py" in names
 
 
-@pytest.fixture(scope="module")
-def beside_hermes_agent(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path]:
-    yield _fresh_venv(tmp_path_factory.mktemp("venv") / "hermes-agent", wheel, HERMES_AGENT)
-
-
-def test_beside_hermes_agent_both_keep_working(beside_hermes_agent: Path, job_dir: Path) -> None:
-    python = beside_hermes_agent
+def test_beside_hermes_agent_both_keep_working(hermes_agent_python: Path, job_dir: Path) -> None:
+    python = hermes_agent_python
     result = _run_cli(python, job_dir)
     assert result["status"] == "success", result
     assert result["output"] == "from-the-sandbox\nnotes beside the script\n"
@@ -158,7 +114,7 @@ def test_beside_hermes_agent_both_keep_working(beside_hermes_agent: Path, job_di
 def test_beside_the_pypi_tools_package(
     tmp_path_factory: pytest.TempPathFactory, wheel: Path, job_dir: Path
 ) -> None:
-    python = _fresh_venv(tmp_path_factory.mktemp("venv") / "tools", wheel, "tools")
+    python = fresh_venv(tmp_path_factory.mktemp("venv") / "tools", wheel, "tools")
     result = _run_cli(python, job_dir)
     assert result["status"] == "success", result
     done = subprocess.run(
