@@ -17,35 +17,20 @@ scripts: sandbox/ decides what to run, rpc/ carries the calls.
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self
 
 import anyio.abc
+
+from hermes_sandbox.environments.settings import BackendSettings, api_place
+from hermes_sandbox.errors import SettingError
 
 # What Environment.execute keeps of a command's output, and the exit code of a command
 # killed for its timeout (as coreutils' timeout reports it).
 DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
 TIMEOUT_EXIT_CODE = 124
-
-_Settings = TypeVar("_Settings")
-
-
-def settings_from_mapping(cls: type[_Settings], data: Mapping[str, Any], backend: str) -> _Settings:
-    """A backend's settings dataclass ``cls`` built from plain data (a config file's
-    section, the API's ``backend_options``); an unknown key is refused with the known
-    ones named, and the dataclass checks the values (ValueError, TypeError)."""
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown {backend} backend setting(s): {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(known))}"
-        )
-    return cls(**data)
-
 
 FileKind = Literal["file", "directory", "char_device", "block_device", "fifo", "socket", "other"]
 
@@ -121,34 +106,41 @@ class Environment(abc.ABC):
     # the stream relay over open_exec_stream instead.
     can_spawn: ClassVar[bool] = True
 
+    # The backend's settings class (environments/settings.py): its options, checks,
+    # --image and --network mapping and availability message.
+    settings_class: ClassVar[type[BackendSettings]]
+
+    @classmethod
+    def settings_for(cls, settings: BackendSettings | Mapping[str, Any] | None) -> Any:
+        """``settings`` as this backend's settings object: one given as is, a mapping
+        built into one (its place: ``backend_options``), None the defaults. Raises
+        SettingError for settings of another backend or values that do not fit."""
+        if settings is None:
+            return cls.settings_class.build([])
+        if isinstance(settings, Mapping):
+            return cls.settings_class.build([(settings, api_place("backend_options"))])
+        if not isinstance(settings, cls.settings_class):
+            raise SettingError(
+                f"the {cls.name} backend takes {cls.settings_class.__name__}, "
+                f"got {type(settings).__name__}",
+                place="backend",
+            )
+        return settings
+
     @classmethod
     def for_run(
         cls,
-        settings: Mapping[str, Any],
+        settings: BackendSettings | Mapping[str, Any] | None,
         *,
         env: Mapping[str, str],
         kill_grace: float,
         task_id: str | None,
         python: str | None,
     ) -> Self:
-        """Build the environment for one run from its backend ``settings`` (a config
-        section or the API's ``backend_options``); raise ValueError for bad settings."""
-        if settings:
-            raise ValueError(
-                f"the {cls.name} backend takes no settings, got {', '.join(sorted(settings))}"
-            )
-        kwargs: dict[str, Any] = {"env": env, "kill_grace": kill_grace}
-        if python:
-            kwargs["python"] = python
-        return cls(**kwargs)
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        """Why this backend cannot be used on this machine with ``settings``, or None
-        when it can as far as can be told without starting anything (an SDK installed,
-        an engine answering, an executable found, credentials present). Quick: no
-        sandbox is made. For ``hermes-sandbox backends``."""
-        return None
+        """Build the environment for one run from its backend ``settings``, the run's
+        variables, kill grace, task id (for backends with per-task sandboxes) and
+        interpreter (overriding the settings' ``python``); raise SettingError."""
+        raise NotImplementedError
 
     @property
     def default_cwd(self) -> str:

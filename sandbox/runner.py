@@ -22,10 +22,12 @@ import anyio
 from hermes_sandbox.childenv import scrub_environment
 from hermes_sandbox.environments import (
     BackendError,
+    BackendSettings,
     Environment,
     SandboxProcess,
     get_environment_class,
 )
+from hermes_sandbox.environments.settings import api_place
 from hermes_sandbox.errors import RunError
 from hermes_sandbox.gate import ToolCallBudget, ToolGate
 from hermes_sandbox.hints import failure_hint
@@ -54,9 +56,14 @@ DRAIN_SECONDS = 2.0
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
-    """Everything that shapes one run. Defaults match Hermes's execute_code."""
+    """Everything that shapes one run. Defaults match Hermes's execute_code.
 
-    backend: str = "local"
+    ``backend`` is a backend's name (its settings then come from ``backend_options``,
+    a mapping of its fields) or its settings object, e.g. ``DockerSettings(image=...)``
+    (``backend_options`` then changes fields of it).
+    """
+
+    backend: str | BackendSettings = "local"
     tools: Sequence[str] | None = None
     timeout: float = 300.0
     max_tool_calls: int = 50
@@ -72,19 +79,41 @@ class RunOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
     transport: str = "auto"  # "auto", "unix", "relay" or "files" (sandbox/transports.py)
-    # The backend's own settings (image, limits, mounts... for docker): its config section.
+    # Fields of the backend's settings (image, limits, mounts... for docker), as plain data.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
     budget: ToolCallBudget | None = field(default=None, compare=False)
     approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
 
+    @property
+    def backend_name(self) -> str:
+        """The name of the backend the run uses."""
+        if isinstance(self.backend, BackendSettings):
+            return self.backend.backend
+        return self.backend
+
+    def backend_settings(self) -> BackendSettings:
+        """The run's backend settings, built once: the settings object given, or the
+        named backend's defaults, with ``backend_options`` over them. Raises
+        SettingError naming a bad value, BackendNotAvailable for an unknown name."""
+        layers = [(self.backend_options, api_place("backend_options"))]
+        if isinstance(self.backend, BackendSettings):
+            return self.backend.updated(layers) if self.backend_options else self.backend
+        cls = get_environment_class(self.backend).settings_class
+        return cls.build(layers)
+
     def validate(self) -> RunOptions:
+        if not isinstance(self.backend, str | BackendSettings):
+            raise RunError(
+                "backend must be a backend's name or its settings, such as "
+                f"DockerSettings(image=...); got {type(self.backend).__name__} {self.backend!r}"
+            )
         if not self.timeout > 0:
             raise RunError(f"timeout must be a positive number of seconds, got {self.timeout}")
         if self.max_tool_calls < 0:
             raise RunError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
         checked = self
-        if self.cwd is not None and self.backend == "local":
+        if self.cwd is not None and self.backend_name == "local":
             cwd = os.path.abspath(os.path.expanduser(self.cwd))
             if not os.path.isdir(cwd):
                 raise RunError(f"working directory does not exist or is not a directory: {cwd}")
@@ -225,18 +254,16 @@ def _make_environment(
     """The run's environment, and the variables its scripts start from: a backend that
     shares the host starts from the host's scrubbed environment, any other from only
     what the caller passed (the host's PATH or HOME mean nothing in a container)."""
-    cls = get_environment_class(options.backend)
+    cls = get_environment_class(options.backend_name)
+    settings = options.backend_settings()
     base_env = scrub_environment(os.environ if cls.shares_host else {}, explicit_env)
-    try:
-        environment = cls.for_run(
-            options.backend_options,
-            env=base_env,
-            kill_grace=options.kill_grace,
-            task_id=options.task_id,
-            python=options.python,
-        )
-    except (TypeError, ValueError) as exc:
-        raise RunError(f"bad settings for the {options.backend} backend: {exc}") from None
+    environment = cls.for_run(
+        settings,
+        env=base_env,
+        kill_grace=options.kill_grace,
+        task_id=options.task_id,
+        python=options.python,
+    )
     return environment, base_env
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 import pytest
 
-import hermes_sandbox.environments.docker as docker_backend
+import hermes_sandbox.environments.docker.environment as docker_backend
 from hermes_sandbox import ExecutionResult, execute_code
 from hermes_sandbox.environments.local import MARKER_VAR
 
@@ -293,7 +293,7 @@ def engine_problem() -> str | None:
     host = os.environ.get("DOCKER_HOST") or docker_backend.DEFAULT_DOCKER_SOCKET
     try:
         if host.startswith("unix://"):  # the SDK leaks its socket when this fails
-            docker_backend._probe_unix_socket(host[len("unix://") :])
+            docker_backend.probe_unix_socket(host[len("unix://") :])
         client = docker.from_env()
     except (OSError, docker.errors.DockerException) as exc:
         return (

@@ -42,7 +42,7 @@ from conftest import (
 
 from hermes_sandbox import ExecutionResult, execute_code
 from hermes_sandbox.environments import Environment
-from hermes_sandbox.environments.docker import DockerConfig, DockerEnvironment
+from hermes_sandbox.environments.docker import DockerEnvironment, DockerSettings
 from hermes_sandbox.environments.local import LocalEnvironment
 from hermes_sandbox.environments.singularity import SingularityEnvironment
 from hermes_sandbox.environments.ssh import SSHEnvironment
@@ -136,7 +136,7 @@ def held_docker(portal: Any) -> Iterator[tuple[Environment, dict[str, Any]]]:
     require(engine_problem(), "the docker conformance runs need a container engine")
     task_id = f"conformance-{RUN_ID}"
     settings = {"image": IMAGE, "labels": {TEST_LABEL: RUN_ID}}
-    environment = DockerEnvironment(DockerConfig(task_id=task_id, **settings))
+    environment = DockerEnvironment(DockerSettings(task_id=task_id, **settings))
     portal.call(environment.start)
     yield environment, {"task_id": task_id, "backend_options": settings}
     portal.call(environment.aclose)
@@ -206,7 +206,7 @@ def held_modal(
     local environment checks on them."""
     from fakes.modal_fake import FakeModal
 
-    import hermes_sandbox.environments.modal as modal_backend
+    import hermes_sandbox.environments.modal.environment as modal_backend
 
     world = FakeModal(str(tmp_path / "modal-home"))
     monkeypatch.setattr(modal_backend, "_sdk", world)
@@ -228,7 +228,7 @@ def held_daytona(
     """The fake daytona SDK in place (sandboxes are local processes, as for modal)."""
     from fakes.daytona_fake import FakeDaytonaCloud
 
-    import hermes_sandbox.environments.daytona as daytona_backend
+    import hermes_sandbox.environments.daytona.environment as daytona_backend
 
     cloud = FakeDaytonaCloud(tmp_path / "cloud")
     monkeypatch.setattr(daytona_backend, "_sdk", cloud.sdk())

@@ -31,10 +31,7 @@ translated to :mod:`environments.errors` at this boundary and never leak.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import json
 import logging
 import os
 import re
@@ -47,16 +44,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.abc
 import psutil
 
-from hermes_sandbox.environments.base import (
-    ExecStream,
-    settings_from_mapping,
+from hermes_sandbox.environments.base import ExecStream
+from hermes_sandbox.environments.docker.settings import (
+    DEFAULT_DOCKER_SOCKET,
+    IMAGE_VAR,
+    SDK_MISSING,
+    DockerSettings,
+    engine_address,
+    probe_unix_socket,
+    shown_address,
 )
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.helper import HelperEnvironment
@@ -66,19 +68,13 @@ try:
     import docker.errors
     import docker.types
     import requests.exceptions
-except ImportError:  # reported by DockerEnvironment.start, so DockerConfig works without it
+except ImportError:  # reported by DockerEnvironment.start, so DockerSettings works without it
     docker = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SDK_MISSING = "the docker backend needs the docker SDK: pip install 'hermes-sandbox[docker]'"
-FALLBACK_IMAGE = "python:3.11-slim"
-DEFAULT_DOCKER_SOCKET = "unix:///var/run/docker.sock"  # where the SDK looks without DOCKER_HOST
-IMAGE_VAR = "HERMES_SANDBOX_DOCKER_IMAGE"  # overrides FALLBACK_IMAGE as DockerConfig's default
-
-LABEL_PREFIX = "hermes-sandbox."
 LABEL_MANAGED = "hermes-sandbox.managed"  # "1" on every container this backend creates
 LABEL_TASK = "hermes-sandbox.task"
 LABEL_CONFIG = "hermes-sandbox.config"  # hash of the settings the container was made with
@@ -91,115 +87,6 @@ LABEL_OWNER_BOOT = "hermes-sandbox.owner-boot-id"
 LABEL_OWNER_PIDNS = "hermes-sandbox.owner-pidns"  # pids mean nothing across namespaces
 
 _STDERR_TAIL = 8192
-_MEMORY_RE = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
-
-
-# -- configuration -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    """A host path bind-mounted into the container (read-only unless said otherwise)."""
-
-    source: str
-    target: str
-    read_only: bool = True
-
-    @classmethod
-    def parse(cls, value: str | Mapping[str, Any] | Mount) -> Mount:
-        """``"SRC:DST[:ro|rw]"``, a mapping with the field names, or a Mount."""
-        if isinstance(value, Mount):
-            return value
-        if isinstance(value, Mapping):
-            unknown = set(value) - {"source", "target", "read_only"}
-            if unknown:
-                raise ValueError(f"unknown mount key(s): {', '.join(sorted(unknown))}")
-            return cls(
-                str(value["source"]), str(value["target"]), bool(value.get("read_only", True))
-            )
-        parts = value.split(":")
-        if len(parts) == 2:
-            return cls(parts[0], parts[1])
-        if len(parts) == 3 and parts[2] in ("ro", "rw"):
-            return cls(parts[0], parts[1], parts[2] == "ro")
-        raise ValueError(f"a mount is SOURCE:TARGET[:ro|rw], got {value!r}")
-
-
-def _default_image() -> str:
-    return os.environ.get(IMAGE_VAR) or FALLBACK_IMAGE
-
-
-def _default_docker_host() -> str | None:
-    return os.environ.get("DOCKER_HOST") or None
-
-
-@dataclass(frozen=True, slots=True)
-class DockerConfig:
-    """Settings of the docker backend. Unknown keys are refused (:meth:`from_mapping`).
-
-    Sizes are the engine's notation (``"512m"``, ``"1g"``); ``None`` lifts a limit.
-    """
-
-    image: str = field(default_factory=_default_image)
-    task_id: str | None = None  # containers are per task; None: a fresh one, never shared
-    user: str | None = None  # container user ("name", "uid" or "uid:gid"); None: the image's
-    memory: str | None = "1g"
-    cpus: float | None = 1.0
-    pids_limit: int | None = 256
-    network: bool = False  # False: network mode "none" (loopback only)
-    read_only_root: bool = True
-    tmp_size: str = "256m"  # the tmpfs at /tmp
-    workdir: str = "/workspace"  # a tmpfs (unless a mount lands there); commands start here
-    workdir_size: str = "512m"
-    mounts: tuple[Mount, ...] = ()
-    # A host directory bind-mounted read-write at the same path inside, where runs
-    # are staged so that tool calls take a Unix socket (or files) there instead of
-    # the relay. "auto": a private directory made for the container (and removed with
-    # it) when the engine runs on this host (reached over a unix:// socket); a path:
-    # that directory, the caller's; None (or "none"): none, every run uses the relay.
-    shared_dir: str | None = "auto"
-    labels: Mapping[str, str] = field(default_factory=dict)
-    persist: bool = False  # keep the container after aclose (and never reap it)
-    docker_host: str | None = field(default_factory=_default_docker_host)
-    python: str = "python3"  # the image's interpreter; commands and file operations need it
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mounts", tuple(Mount.parse(m) for m in self.mounts))
-        object.__setattr__(self, "labels", dict(self.labels))
-        for name in ("memory", "tmp_size", "workdir_size"):
-            value = getattr(self, name)
-            if value is not None and not _MEMORY_RE.match(str(value)):
-                raise ValueError(f"{name} must be a size like '512m' or '1g', got {value!r}")
-        if self.cpus is not None and not self.cpus > 0:
-            raise ValueError(f"cpus must be > 0, got {self.cpus}")
-        if self.pids_limit is not None and self.pids_limit < 1:
-            raise ValueError(f"pids_limit must be >= 1, got {self.pids_limit}")
-        if self.shared_dir in ("", "none"):
-            object.__setattr__(self, "shared_dir", None)
-        shared = None if self.shared_dir in (None, "auto") else self.shared_dir
-        for path in (self.workdir, shared, *(m.target for m in self.mounts)):
-            if path is not None and not path.startswith("/"):
-                raise ValueError(f"paths inside the container must be absolute, got {path!r}")
-        reserved = [key for key in self.labels if key.startswith(LABEL_PREFIX)]
-        if reserved:
-            raise ValueError(f"labels starting with {LABEL_PREFIX!r} are reserved: {reserved}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> DockerConfig:
-        """Build from plain data (a config file's section); refuse unknown keys."""
-        return settings_from_mapping(cls, data, "docker")
-
-    def creation_hash(self, image_id: str) -> str:
-        """What the container was made from: a reused container must match it."""
-        settings = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in ("task_id", "docker_host", "python", "image")
-        }
-        settings["mounts"] = [dataclasses.astuple(m) for m in self.mounts]
-        settings["image_id"] = _short_id(image_id)
-        text = json.dumps(settings, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 # -- the engine's multiplexed stream ---------------------------------------------------
@@ -464,10 +351,6 @@ _SHARED_ENGINE_FILE = "engine"  # beside "s": the engine whose container mounts 
 _SHARED_DIR_GRACE = 120.0  # seconds: a directory younger than this may be mid-creation
 
 
-def _engine_address(host: str | None) -> str:
-    return host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
-
-
 def _make_shared_dir(user: str | None, engine: str) -> str:
     """A fresh host directory for one container's shared directory: ``<private>/s``,
     where ``<private>`` is 0700 (no other host user can reach in) and ``s`` is what is
@@ -550,10 +433,10 @@ async def reap_orphaned_containers(docker_host: str | None = None) -> list[str]:
     Returns the names removed. Raises BackendNotAvailable when no engine answers,
     EnvironmentFailure when the engine refuses.
     """
-    host = docker_host if docker_host is not None else _default_docker_host()
+    host = docker_host if docker_host is not None else (os.environ.get("DOCKER_HOST") or None)
     client = await _connect(host)
     try:
-        return await _call(f"reaping at {_shown(host)}", _reap, client, _engine_address(host))
+        return await _call(f"reaping at {shown_address(host)}", _reap, client, engine_address(host))
     finally:
         await anyio.to_thread.run_sync(client.close)
 
@@ -564,11 +447,6 @@ async def reap_orphaned_containers(docker_host: str | None = None) -> list[str]:
 def _require_sdk() -> None:
     if docker is None:
         raise BackendNotAvailable(SDK_MISSING)
-
-
-def _shown(host: str | None) -> str:
-    unset = f"{DEFAULT_DOCKER_SOCKET} (DOCKER_HOST is not set)"
-    return host or os.environ.get("DOCKER_HOST") or unset
 
 
 def _short_id(image_id: str) -> str:
@@ -601,7 +479,7 @@ async def _connect(host: str | None) -> Any:
 
     def connect() -> Any:
         if effective.startswith("unix://"):
-            _probe_unix_socket(effective[len("unix://") :])
+            probe_unix_socket(effective[len("unix://") :])
         # from_env also reads DOCKER_TLS_VERIFY and DOCKER_CERT_PATH; asking the
         # engine's API version (version=None) is the first request, so it either
         # answers here or this raises.
@@ -619,18 +497,11 @@ async def _connect(host: str | None) -> Any:
     ) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else None
         raise BackendNotAvailable(
-            f"no container engine answers at {_shown(host)}: {reason or _engine_message(exc)}. "
+            f"no container engine answers at {shown_address(host)}: "
+            f"{reason or _engine_message(exc)}. "
             "Start Docker, or run scripts/podman-service (podman serving the Docker API) and "
-            "export the DOCKER_HOST it prints; or set DockerConfig.docker_host."
+            "export the DOCKER_HOST it prints; or set DockerSettings.docker_host."
         ) from exc
-
-
-def _probe_unix_socket(path: str) -> None:
-    """Connect once and hang up; raise OSError if nothing listens. (The SDK's own
-    attempt leaks its socket when the connection fails.)"""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(10)
-        probe.connect(path)
 
 
 def _exec_socket_stream(raw: Any) -> tuple[Any, bytes]:
@@ -675,18 +546,18 @@ class DockerEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "docker"
-    settings_class: ClassVar[type[DockerConfig]] = DockerConfig
+    settings_class: ClassVar[type[DockerSettings]] = DockerSettings
     where: ClassVar[str] = "in the container"
 
     def __init__(
         self,
-        config: DockerConfig | None = None,
+        config: DockerSettings | None = None,
         *,
         env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
         python: str | None = None,
     ) -> None:
-        self.config = config or DockerConfig()
+        self.config = config or DockerSettings()
         self.task_id = self.config.task_id or uuid.uuid4().hex
         self._env = dict(env or {})
         self.kill_grace = kill_grace
@@ -699,25 +570,6 @@ class DockerEnvironment(HelperEnvironment):
         self._closed = False
         self.threaded_io = False  # use threads for exec sockets even where not needed
 
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        if docker is None:
-            return SDK_MISSING
-        try:
-            config = DockerConfig.from_mapping(settings)
-        except (TypeError, ValueError) as exc:
-            return f"bad settings: {exc}"
-        host = config.docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
-        if host.startswith("unix://"):
-            try:
-                _probe_unix_socket(host[len("unix://") :])
-            except OSError as exc:
-                return (
-                    f"no container engine answers at {_shown(config.docker_host)} "
-                    f"({exc.strerror or exc}): start Docker, or run scripts/podman-service"
-                )
-        return None
-
     @property
     def default_cwd(self) -> str:
         return self.config.workdir
@@ -727,7 +579,7 @@ class DockerEnvironment(HelperEnvironment):
         return self._labels.get(LABEL_SHARED) or None
 
     def _engine_is_local(self) -> bool:
-        return _engine_address(self.config.docker_host).startswith("unix://")
+        return engine_address(self.config.docker_host).startswith("unix://")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -746,7 +598,7 @@ class DockerEnvironment(HelperEnvironment):
         try:
             try:
                 await anyio.to_thread.run_sync(
-                    _reap, self._client, _engine_address(self.config.docker_host)
+                    _reap, self._client, engine_address(self.config.docker_host)
                 )
             except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
                 log.warning("could not reap orphaned containers: %s", _engine_message(exc))
@@ -765,9 +617,9 @@ class DockerEnvironment(HelperEnvironment):
         except docker.errors.ImageNotFound as exc:
             raise BackendNotAvailable(
                 f"the image {image!r} is not in the container engine at "
-                f"{_shown(self.config.docker_host)}: pull it (docker pull {image}), or build "
-                "hermes-sandbox-python:bookworm with scripts/podman-service, or choose another "
-                f"image with DockerConfig(image=...) or ${IMAGE_VAR}"
+                f"{shown_address(self.config.docker_host)}: pull it (docker pull {image}), or "
+                "build hermes-sandbox-python:bookworm with scripts/podman-service, or choose "
+                f"another image with DockerSettings(image=...) or ${IMAGE_VAR}"
             ) from exc
         except docker.errors.APIError as exc:
             raise EnvironmentFailure(
@@ -813,7 +665,7 @@ class DockerEnvironment(HelperEnvironment):
         if config.shared_dir == "auto":
             if self._engine_is_local():
                 labels[LABEL_SHARED] = _make_shared_dir(
-                    config.user, _engine_address(config.docker_host)
+                    config.user, engine_address(config.docker_host)
                 )
                 labels[LABEL_SHARED_MADE] = "1"
         elif config.shared_dir:
@@ -1021,10 +873,8 @@ class DockerEnvironment(HelperEnvironment):
 
 
 __all__ = [
-    "DockerConfig",
     "DockerEnvironment",
     "DockerExecStream",
-    "Mount",
     "owner_labels",
     "reap_orphaned_containers",
 ]

@@ -3,7 +3,7 @@
 Lifecycle. :meth:`SSHEnvironment.start` takes a share of a pooled SSH connection
 (:class:`_ConnectionPool`): one authenticated paramiko transport per (host, port,
 user, key, known_hosts) serves every environment of this process that names them,
-counted by reference, kept open :attr:`SSHConfig.idle_timeout` seconds after its last
+counted by reference, kept open :attr:`SSHSettings.idle_timeout` seconds after its last
 user leaves (consecutive runs reuse it) and closed at exit. A transport found dead is
 replaced. Every exec is a session channel of that transport; OpenSSH allows ten per
 connection (``MaxSessions``), so when they are all in use, or the server refuses
@@ -45,7 +45,6 @@ key, an unknown host key or a missing ``python3`` each say what to do.
 from __future__ import annotations
 
 import atexit
-import getpass
 import logging
 import os
 import re
@@ -58,21 +57,22 @@ from typing import Any, ClassVar
 
 import anyio
 
-from hermes_sandbox.environments.base import ExecStream, settings_from_mapping
+from hermes_sandbox.environments.base import ExecStream
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.helper import HelperEnvironment
+from hermes_sandbox.environments.ssh.settings import (
+    OPENSSH_MAX_SESSIONS,
+    SDK_MISSING,
+    SSHSettings,
+)
 
 try:
     import paramiko
-except ImportError:  # reported by SSHEnvironment.start, so SSHConfig works without it
+except ImportError:  # reported by SSHEnvironment.start, so SSHSettings works without it
     paramiko = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
-SDK_MISSING = "the ssh backend needs paramiko: pip install 'hermes-sandbox[ssh]'"
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-# OpenSSH's default MaxSessions: channels one connection may have open at once.
-OPENSSH_MAX_SESSIONS = 10
 MIN_REMOTE_PYTHON = (3, 8)  # what the relay needs
 
 _STDERR_TAIL = 8192
@@ -97,115 +97,7 @@ except ImportError as exc:
 """
 
 
-# -- configuration -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SSHConfig:
-    """Settings of the ssh backend. Unknown keys are refused (:meth:`from_mapping`).
-
-    ``key_file`` None means what ``ssh`` would try: an ssh-agent and the usual
-    ``~/.ssh/id_*`` keys. Host keys are checked against ``known_hosts``; an unknown
-    host is refused unless ``accept_new_host_keys`` (then its key is appended to the
-    file), and a host whose key changed is always refused.
-    """
-
-    host: str
-    port: int = 22
-    user: str | None = None  # None: this process's user name, as ssh does
-    key_file: str | None = None
-    known_hosts: str = DEFAULT_KNOWN_HOSTS
-    accept_new_host_keys: bool = False
-    connect_timeout: float = 10.0  # TCP connect, SSH handshake and authentication, each
-    python: str = "python3"  # the remote interpreter; commands and file operations need it
-    workdir: str | None = None  # where scripts start; None: the remote user's home
-    scratch_dir: str = "/tmp"  # where each run's private stage directory is made
-    max_sessions: int = OPENSSH_MAX_SESSIONS  # channels per connection (sshd's MaxSessions)
-    idle_timeout: float = 30.0  # seconds a connection stays open after its last user
-
-    def __post_init__(self) -> None:
-        for name in ("host", "python", "known_hosts", "scratch_dir"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        for name in ("user", "key_file", "workdir"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string or unset, got {value!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int):
-            raise ValueError(f"port must be an integer, got {self.port!r}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port must be between 1 and 65535, got {self.port}")
-        if not isinstance(self.accept_new_host_keys, bool):
-            raise ValueError(
-                f"accept_new_host_keys must be true or false, got {self.accept_new_host_keys!r}"
-            )
-        for name in ("connect_timeout", "idle_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-        if not self.connect_timeout > 0:
-            raise ValueError(f"connect_timeout must be > 0, got {self.connect_timeout}")
-        if self.idle_timeout < 0:
-            raise ValueError(f"idle_timeout must be >= 0, got {self.idle_timeout}")
-        if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int):
-            raise ValueError(f"max_sessions must be an integer, got {self.max_sessions!r}")
-        if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        for name in ("workdir", "scratch_dir"):
-            value = getattr(self, name)
-            if value is not None and not value.startswith("/"):
-                raise ValueError(f"{name} must be an absolute path on the remote host: {value!r}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> SSHConfig:
-        """Build from plain data (a config file's section, the API's backend_options);
-        refuse unknown keys, naming the known ones."""
-        try:
-            return settings_from_mapping(cls, data, "ssh")
-        except TypeError:  # the dataclass's own word for a missing field
-            if "host" not in data:
-                raise ValueError(
-                    "the ssh backend needs a host: set host (and user, key_file, ...)"
-                ) from None
-            raise
-
-    @property
-    def login(self) -> str:
-        """``user@host:port``, as messages show it."""
-        return f"{self.user_name}@{self.host}:{self.port}"
-
-    @property
-    def user_name(self) -> str:
-        return self.user or getpass.getuser()
-
-    @property
-    def pool_key(self) -> tuple[Any, ...]:
-        """What a pooled connection must match to be shared."""
-        key_file = os.path.expanduser(self.key_file) if self.key_file else None
-        return (
-            self.host,
-            self.port,
-            self.user_name,
-            key_file,
-            os.path.expanduser(self.known_hosts),
-            self.accept_new_host_keys,
-        )
-
-
 # -- connecting ------------------------------------------------------------------------
-
-
-def _availability(settings: Mapping[str, Any]) -> str | None:
-    if paramiko is None:
-        return SDK_MISSING
-    if not settings.get("host"):
-        return "no host configured: set backends.ssh.host (or -o host=NAME)"
-    try:
-        SSHConfig.from_mapping(settings)
-    except (TypeError, ValueError) as exc:
-        return f"bad settings: {exc}"
-    return None
 
 
 def _require_paramiko() -> None:
@@ -213,7 +105,7 @@ def _require_paramiko() -> None:
         raise BackendNotAvailable(SDK_MISSING)
 
 
-def _host_key_name(config: SSHConfig) -> str:
+def _host_key_name(config: SSHSettings) -> str:
     """How known_hosts names the server: ``host`` on port 22, else ``[host]:port``."""
     return config.host if config.port == 22 else f"[{config.host}]:{config.port}"
 
@@ -236,7 +128,7 @@ class _RecordNewHostKey:
         log.warning("added the host key of %s to %s", hostname, self._path)
 
 
-def _connect(config: SSHConfig) -> Any:
+def _connect(config: SSHSettings) -> Any:
     """A paramiko SSHClient logged in to the host (blocking); BackendNotAvailable with
     advice for every way that can fail."""
     _require_paramiko()
@@ -304,7 +196,7 @@ def _connect(config: SSHConfig) -> Any:
 
 
 def _connect_error(
-    config: SSHConfig, exc: Exception, known_hosts: str, key_file: str | None
+    config: SSHSettings, exc: Exception, known_hosts: str, key_file: str | None
 ) -> BackendNotAvailable:
     login = config.login
     name = _host_key_name(config)
@@ -388,20 +280,20 @@ class _Share:
             self.connections.remove(conn)
             conn.close()
 
-    def ensure_connection(self, config: SSHConfig) -> None:
+    def ensure_connection(self, config: SSHSettings) -> None:
         """Connect unless a live connection is there (blocking)."""
         with self.lock:
             self.prune()
             if not self.connections:
                 self._add(config)
 
-    def _add(self, config: SSHConfig) -> _Connection:
+    def _add(self, config: SSHSettings) -> _Connection:
         conn = _Connection(_connect(config), config.max_sessions)
         self.connections.append(conn)
         self.connects += 1
         return conn
 
-    def open_channel(self, config: SSHConfig) -> tuple[_Connection, Any]:
+    def open_channel(self, config: SSHSettings) -> tuple[_Connection, Any]:
         """A new session channel on a connection with room for it (blocking)."""
         last: Exception | None = None
         for _ in range(8):
@@ -467,7 +359,7 @@ class _ConnectionPool:
         self._lock = threading.Lock()
         self._shares: dict[tuple[Any, ...], _Share] = {}
 
-    def acquire(self, config: SSHConfig) -> _Share:
+    def acquire(self, config: SSHSettings) -> _Share:
         """Take a share of the connection for ``config``, connecting if needed."""
         with self._lock:
             share = self._shares.get(config.pool_key)
@@ -507,7 +399,7 @@ class _ConnectionPool:
             del self._shares[share.key]
         share.close_all()
 
-    def stats(self, config: SSHConfig) -> PoolStats:
+    def stats(self, config: SSHSettings) -> PoolStats:
         with self._lock:
             share = self._shares.get(config.pool_key)
         if share is None:
@@ -543,7 +435,7 @@ _POOL = _ConnectionPool()
 atexit.register(_POOL.close_all)
 
 
-def pool_stats(config: SSHConfig) -> PoolStats:
+def pool_stats(config: SSHSettings) -> PoolStats:
     """How many connections this process holds for ``config``'s login, and their use."""
     return _POOL.stats(config)
 
@@ -738,13 +630,13 @@ class SSHEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "ssh"
-    settings_class: ClassVar[type[SSHConfig]] = SSHConfig
+    settings_class: ClassVar[type[SSHSettings]] = SSHSettings
     where: ClassVar[str] = "on the remote host"
     can_spawn: ClassVar[bool] = False
 
     def __init__(
         self,
-        config: SSHConfig,
+        config: SSHSettings,
         *,
         env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
@@ -758,10 +650,6 @@ class SSHEnvironment(HelperEnvironment):
         self._share: _Share | None = None
         self._workdir: str | None = config.workdir
         self._closed = False
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        return _availability(settings)
 
     @property
     def default_cwd(self) -> str:
@@ -909,7 +797,6 @@ class SSHEnvironment(HelperEnvironment):
 __all__ = [
     "OPENSSH_MAX_SESSIONS",
     "PoolStats",
-    "SSHConfig",
     "SSHEnvironment",
     "SSHExecStream",
     "close_pooled_connections",

@@ -47,6 +47,7 @@ from hermes_sandbox.environments.base import (
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import BackendError, EnvironmentFailure, SpawnNotAvailable
+from hermes_sandbox.environments.settings import BackendSettings
 
 log = logging.getLogger(__name__)
 
@@ -287,10 +288,6 @@ class HelperEnvironment(Environment):
 
     where: ClassVar[str] = "in the sandbox"
     can_spawn: ClassVar[bool] = False
-    # The backend's settings: a dataclass with ``from_mapping`` (refusing unknown keys),
-    # which the constructor takes first. for_run builds it, giving it the run's task_id
-    # and python where it has such fields.
-    settings_class: ClassVar[Any]
     scratch_parent: str = "/tmp"
     kill_grace: float = 2.0
     _python: str
@@ -311,20 +308,17 @@ class HelperEnvironment(Environment):
     @classmethod
     def for_run(
         cls,
-        settings: Mapping[str, Any],
+        settings: BackendSettings | Mapping[str, Any] | None,
         *,
         env: Mapping[str, str],
         kill_grace: float,
         task_id: str | None,
         python: str | None,
     ) -> Self:
-        data = dict(settings)
-        fields = {f.name for f in dataclasses.fields(cls.settings_class)}
-        if task_id is not None and "task_id" in fields:
-            data.setdefault("task_id", task_id)
-        if python:
-            data["python"] = python
-        return cls(cls.settings_class.from_mapping(data), env=env, kill_grace=kill_grace)  # type: ignore[call-arg]
+        chosen = cls.settings_for(settings)
+        if task_id is not None and getattr(chosen, "task_id", task_id) is None:
+            chosen = dataclasses.replace(chosen, task_id=task_id)
+        return cls(chosen, env=env, kill_grace=kill_grace, python=python)  # type: ignore[call-arg]
 
     @property
     def python(self) -> str:

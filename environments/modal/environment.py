@@ -1,8 +1,8 @@
 """The Modal backend: scripts run in a Modal Sandbox, driven through the ``modal`` SDK.
 
 Lifecycle. :meth:`ModalEnvironment.start` looks up (or creates) the Modal App named by
-:attr:`ModalConfig.app_name`, then resumes the running sandbox called
-:attr:`ModalConfig.sandbox_name` (``Sandbox.from_name``) when one is named and exists,
+:attr:`ModalSettings.app_name`, then resumes the running sandbox called
+:attr:`ModalSettings.sandbox_name` (``Sandbox.from_name``) when one is named and exists,
 or creates one from a registry image with the configured CPU, memory, lifetime and,
 by default, no network. :meth:`ModalEnvironment.aclose` terminates it unless it is
 persistent. A sandbox whose owner died without closing it ends by itself when its
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import shlex
 import threading
@@ -48,10 +47,10 @@ from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     CommandResult,
     ExecStream,
-    settings_from_mapping,
 )
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.helper import HELPER_SOURCE, HelperEnvironment
+from hermes_sandbox.environments.modal.settings import ModalSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,7 @@ CREDENTIALS_ADVICE = (
     "or run `modal token new` to store one in {path} (another file: MODAL_CONFIG_PATH; "
     "another profile in it: MODAL_PROFILE)"
 )
-DEFAULT_APP_NAME = "hermes-sandbox"
-DEFAULT_IMAGE = "python:3.11-slim"
 EXEC_MARK = "HERMES_SANDBOX_EXEC"  # the helper's kill verb finds an exec's processes by it
-MAX_SANDBOX_SECONDS = 24 * 3600  # Modal's longest sandbox lifetime
 
 # The SDK module once imported (see _modal); tests put a stand-in with the same names here.
 _sdk: Any = None
@@ -78,7 +74,6 @@ _EOF_SECONDS = 10.0
 _EXIT_SECONDS = 2.0  # for an exec's exit status once its output ended
 _POLL_SECONDS = 15.0
 _TERMINATE_SECONDS = 60.0
-_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,64}$")  # Modal's rule for object names
 
 
 def _modal() -> Any:
@@ -91,84 +86,6 @@ def _modal() -> Any:
             raise BackendNotAvailable(SDK_MISSING) from exc
         _sdk = modal
     return _sdk
-
-
-# -- configuration -------------------------------------------------------------------
-
-
-def _positive_number(name: str, value: Any, *, integer: bool = False) -> None:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        kind = "a whole number" if integer else "a number"
-        raise ValueError(f"{name} must be {kind} > 0, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class ModalConfig:
-    """Settings of the modal backend. Unknown keys are refused (:meth:`from_mapping`).
-
-    ``image`` is a registry tag (``Image.from_registry``); it must have ``python``
-    (3.6 or newer) on its PATH. ``memory`` is in MiB. ``timeout`` is the sandbox's own
-    lifetime in seconds: Modal ends it then, whatever runs, so make it longer than the
-    runs it serves. ``sandbox_name`` resumes the running sandbox of that name in the
-    app (or creates it under that name); ``persist`` keeps it after the run.
-    """
-
-    app_name: str = DEFAULT_APP_NAME
-    image: str = DEFAULT_IMAGE
-    cpu: float | None = 1.0
-    memory: int | None = 1024
-    timeout: int = 900
-    idle_timeout: int | None = None
-    block_network: bool = True
-    sandbox_name: str | None = None
-    persist: bool = False
-    region: str | tuple[str, ...] | None = None
-    cloud: str | None = None
-    modal_environment: str | None = None  # Modal's environment; None: the profile's default
-    python: str = "python3"
-    workdir: str = "/workspace"  # made at start if missing; scripts and commands start here
-
-    def __post_init__(self) -> None:
-        if isinstance(self.region, list | tuple):
-            object.__setattr__(self, "region", tuple(str(r) for r in self.region))
-        for name in ("app_name", "image", "python", "workdir"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        if not _NAME_RE.match(self.app_name):
-            raise ValueError(
-                f"app_name may hold only letters, digits, '-', '_' and '.' (at most 64), "
-                f"got {self.app_name!r}"
-            )
-        if self.sandbox_name is not None and not _NAME_RE.match(str(self.sandbox_name)):
-            raise ValueError(
-                f"sandbox_name may hold only letters, digits, '-', '_' and '.' (at most 64), "
-                f"got {self.sandbox_name!r}"
-            )
-        if self.cpu is not None:
-            _positive_number("cpu", self.cpu)
-        if self.memory is not None:
-            _positive_number("memory (MiB)", self.memory, integer=True)
-        _positive_number("timeout (seconds)", self.timeout, integer=True)
-        if self.timeout > MAX_SANDBOX_SECONDS:
-            raise ValueError(f"timeout can be at most {MAX_SANDBOX_SECONDS} s, got {self.timeout}")
-        if self.idle_timeout is not None:
-            _positive_number("idle_timeout (seconds)", self.idle_timeout, integer=True)
-        for name in ("block_network", "persist"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.persist and self.sandbox_name is None:
-            raise ValueError(
-                "persist needs a sandbox_name: a kept sandbox is found again by its name"
-            )
-        if not self.workdir.startswith("/"):
-            raise ValueError(f"workdir must be an absolute path, got {self.workdir!r}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> ModalConfig:
-        """Build from plain data (a config file's section); refuse unknown keys."""
-        return settings_from_mapping(cls, data, "modal")
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -452,18 +369,18 @@ class ModalEnvironment(HelperEnvironment):
     """
 
     name: ClassVar[str] = "modal"
-    settings_class: ClassVar[type[ModalConfig]] = ModalConfig
+    settings_class: ClassVar[type[ModalSettings]] = ModalSettings
     where: ClassVar[str] = "in the Modal sandbox"
 
     def __init__(
         self,
-        config: ModalConfig | None = None,
+        config: ModalSettings | None = None,
         *,
         env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
         python: str | None = None,
     ) -> None:
-        self.config = config or ModalConfig()
+        self.config = config or ModalSettings()
         self._env = dict(env or {})
         self.kill_grace = kill_grace
         self._python = python or self.config.python
@@ -475,20 +392,6 @@ class ModalEnvironment(HelperEnvironment):
         self._lost: str | None = None
         self._closed = False
         self._workdir_ready = False  # then commands and execs start in config.workdir
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        """Why the backend cannot be used here: no SDK, bad settings or no credentials
-        (no network call: whether Modal accepts them shows at start)."""
-        try:
-            sdk = _modal()
-        except BackendNotAvailable as exc:
-            return str(exc)
-        try:
-            ModalConfig.from_mapping(settings)
-        except (TypeError, ValueError) as exc:
-            return f"bad settings: {exc}"
-        return _credentials_problem(sdk)
 
     @property
     def default_cwd(self) -> str:
@@ -810,9 +713,7 @@ class ModalEnvironment(HelperEnvironment):
 
 
 __all__ = [
-    "DEFAULT_IMAGE",
     "SDK_MISSING",
-    "ModalConfig",
     "ModalEnvironment",
     "ModalExecStream",
     "SandboxGone",

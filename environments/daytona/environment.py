@@ -58,14 +58,12 @@ import binascii
 import contextlib
 import errno
 import logging
-import os
 import re
 import secrets
 import shlex
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import anyio
@@ -75,8 +73,8 @@ from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     CommandResult,
     ExecStream,
-    settings_from_mapping,
 )
+from hermes_sandbox.environments.daytona.settings import NO_CREDENTIALS, DaytonaSettings
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.helper import HelperEnvironment
 
@@ -85,13 +83,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SDK_MISSING = "the daytona backend needs the daytona SDK: pip install 'hermes-sandbox[daytona]'"
-NO_CREDENTIALS = (
-    "the daytona backend needs Daytona credentials: set DAYTONA_API_KEY (an API key from "
-    "the Daytona dashboard), or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID; and "
-    "DAYTONA_API_URL for a Daytona other than app.daytona.io"
-)
 
-LABEL_PREFIX = "hermes-sandbox."
 LABEL_MANAGED = "hermes-sandbox.managed"  # "1" on every sandbox this backend creates
 LABEL_TASK = "hermes-sandbox.task"
 LABEL_PERSIST = "hermes-sandbox.persist"  # "1": kept by aclose, resumed by task
@@ -362,94 +354,6 @@ class Codec(object):
 
 Codec().run()
 """
-
-
-# -- configuration -------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True, slots=True)
-class DaytonaSettings:
-    """Settings of the daytona backend. Unknown keys are refused (:meth:`from_mapping`).
-
-    Credentials are never settings: the SDK reads ``DAYTONA_API_KEY`` (and
-    ``DAYTONA_API_URL``, ``DAYTONA_TARGET``) from the environment.
-    """
-
-    image: str | None = None  # a registry image Daytona builds a snapshot from
-    snapshot: str | None = None  # a Daytona snapshot; neither: Daytona's default snapshot
-    cpu: int | None = None  # cores; cpu, memory and disk apply to an image only
-    memory: int | None = None  # GiB
-    disk: int | None = None  # GiB
-    network_block_all: bool = True  # no network from the sandbox
-    auto_stop_interval: int = 15  # idle minutes before Daytona stops it (0: never)
-    name: str | None = None  # resume the sandbox of this name, or create it with the name
-    labels: Mapping[str, str] = field(default_factory=dict)
-    persist: bool = False  # keep the sandbox after the run; resumed by name or by task
-    task_id: str | None = None  # with persist: the task whose sandbox is resumed
-    target: str | None = None  # the Daytona region
-    api_url: str | None = None  # default: $DAYTONA_API_URL, else Daytona's cloud
-    python: str = "python3"  # the sandbox's interpreter: commands and files need it
-    workdir: str | None = None  # where commands start; default: the sandbox's own
-    create_timeout: float = 180.0  # seconds to create (or start) the sandbox
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "labels", dict(self.labels))
-        if self.image is not None and self.snapshot is not None:
-            raise ValueError("give image or snapshot, not both")
-        for name in ("image", "snapshot", "name", "task_id", "target", "api_url", "workdir"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        for name in ("cpu", "memory", "disk"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-            if self.image is None:
-                raise ValueError(
-                    f"{name} applies only to a sandbox made from an image (set image=...); "
-                    "a snapshot brings its own resources"
-                )
-        if not _is_int(self.auto_stop_interval) or self.auto_stop_interval < 0:
-            raise ValueError(
-                "auto_stop_interval must be whole minutes >= 0 (0: never stop), "
-                f"got {self.auto_stop_interval!r}"
-            )
-        for name in ("network_block_all", "persist"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.python, str) or not self.python:
-            raise ValueError(f"python must be a command name or path, got {self.python!r}")
-        if self.workdir is not None and not self.workdir.startswith("/"):
-            raise ValueError(f"workdir must be an absolute path, got {self.workdir!r}")
-        if isinstance(self.create_timeout, bool) or not isinstance(
-            self.create_timeout, int | float
-        ):
-            raise ValueError(f"create_timeout must be seconds, got {self.create_timeout!r}")
-        if not self.create_timeout > 0:
-            raise ValueError(f"create_timeout must be > 0, got {self.create_timeout!r}")
-        for key, value in self.labels.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise ValueError(f"labels map strings to strings, got {key!r}: {value!r}")
-        reserved = [key for key in self.labels if key.startswith(LABEL_PREFIX)]
-        if reserved:
-            raise ValueError(f"labels starting with {LABEL_PREFIX!r} are reserved: {reserved}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> DaytonaSettings:
-        """Build from plain data (a config file's section); refuse unknown keys."""
-        secrets_given = sorted({"api_key", "jwt_token"} & set(data))
-        if secrets_given:
-            raise ValueError(
-                f"{', '.join(secrets_given)} is not a daytona backend setting: credentials "
-                "stay out of config files; set DAYTONA_API_KEY in the environment instead"
-            )
-        return settings_from_mapping(cls, data, "daytona")
 
 
 # -- the SDK seam ----------------------------------------------------------------------
@@ -793,19 +697,6 @@ class DaytonaEnvironment(HelperEnvironment):
         self.sandbox_id: str | None = None
         self.sandbox_name: str | None = None
         self.resumed = False  # start() attached to a sandbox that already existed
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        try:
-            _load_sdk()
-            DaytonaSettings.from_mapping(settings)
-        except BackendNotAvailable as exc:
-            return str(exc)
-        except (TypeError, ValueError) as exc:
-            return f"bad settings: {exc}"
-        has_key = os.environ.get("DAYTONA_API_KEY")
-        has_jwt = os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID")
-        return None if has_key or has_jwt else NO_CREDENTIALS
 
     @property
     def default_cwd(self) -> str:
@@ -1215,5 +1106,4 @@ __all__ = [
     "LABEL_TASK",
     "DaytonaEnvironment",
     "DaytonaExecStream",
-    "DaytonaSettings",
 ]
