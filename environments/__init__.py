@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import importlib
 
-from hermes_sandbox.environments.base import CommandResult, Environment, FileStat, SandboxProcess
+from hermes_sandbox.environments.base import (
+    CommandResult,
+    Environment,
+    ExecStream,
+    FileStat,
+    Runtime,
+    SandboxProcess,
+)
 from hermes_sandbox.environments.daytona.settings import DaytonaSettings
 from hermes_sandbox.environments.docker.settings import DockerSettings
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.local import LocalSettings
 from hermes_sandbox.environments.modal.settings import ModalSettings
 from hermes_sandbox.environments.settings import BackendSettings
@@ -30,6 +38,17 @@ BACKENDS: dict[str, str] = {
     "modal": "hermes_sandbox.environments.modal.environment:ModalEnvironment",
     "daytona": "hermes_sandbox.environments.daytona.environment:DaytonaEnvironment",
 }
+
+
+def register_backend(name: str, target: str) -> None:
+    """Add a backend to the table: ``name`` -> ``"module:Class"`` of its environment,
+    whose ``settings_class`` has ``backend = name``. For a backend outside this package
+    (docs/backends.md, "Adding a backend"); a name already taken is refused."""
+    if BACKENDS.get(name, target) != target:
+        raise ValueError(f"the backend name {name!r} is taken by {BACKENDS[name]}")
+    if ":" not in target:
+        raise ValueError(f"a backend is found as 'module:Class', got {target!r}")
+    BACKENDS[name] = target
 
 
 def available_backends() -> list[str]:
@@ -68,13 +87,17 @@ __all__ = [
     "DockerSettings",
     "Environment",
     "EnvironmentFailure",
+    "ExecStream",
+    "ExecStreamEnvironment",
     "FileStat",
     "LocalSettings",
     "ModalSettings",
+    "Runtime",
     "SSHSettings",
     "SandboxProcess",
     "SingularitySettings",
     "available_backends",
     "get_environment_class",
     "get_settings_class",
+    "register_backend",
 ]

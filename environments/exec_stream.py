@@ -1,26 +1,17 @@
-"""Backends that reach their sandbox only through an exec stream share this.
+"""The seam to add a backend: an environment reached through an exec stream.
 
-:class:`HelperEnvironment` is an :class:`~environments.base.Environment` that can do
-one thing natively: start a command inside the sandbox with its stdin and stdout as a
-byte stream (:meth:`HelperEnvironment._open_exec`; a docker exec, an ssh channel, a
-cloud SDK's exec). Everything else (running a shell command under a timeout, killing
-what it left behind, reading and writing files, scratch directories) runs a small
-stdlib helper program, :data:`HELPER_SOURCE`, with the sandbox's own Python through
-that stream, so each backend only writes its lifecycle and its ``_open_exec``.
+:class:`ExecStreamEnvironment` is an :class:`~environments.base.Environment` that needs
+a backend to do three things: make its sandbox (:meth:`~ExecStreamEnvironment._start`),
+remove it (:meth:`~ExecStreamEnvironment._stop`), and start a command inside it with
+stdin and stdout as one byte stream (:meth:`~ExecStreamEnvironment._open_exec`: a docker
+exec, an ssh channel, a cloud SDK's exec). The rest of the Environment contract is
+built here on that stream: a shell command under a timeout, killing what it left behind
+(by a marker variable, inside the sandbox), reading and writing files and scratch
+directories all run the stdlib helper program stubs/_exec_helper.py with the sandbox's
+own Python; scripts run under the stream relay (sandbox/transports.py). The lifecycle
+(start once, close once, "not started" and "closed" errors) is here too.
 
-The helper is run as ``python3 -c HELPER_SOURCE VERB ARGS``. It imports only modules
-that even Debian's python3-minimal has (no json, shutil, tempfile), and works on
-Python 3.6+. Data goes to stdout. A failed file operation is one line on stderr:
-:data:`HELPER_ERROR`, then the errno name, the message and the file name, each
-hex-encoded UTF-8, joined by tabs; the host raises the same OSError subclass
-(:func:`raise_helper_failure`).
-
-Verbs: ``run TOKEN GRACE CWD COMMAND`` (``/bin/sh -c COMMAND`` in a new session with
-``HERMES_SANDBOX_EXEC=TOKEN`` in its environment, stdout and stderr combined; what it
-leaves running is killed when it exits), ``kill TOKEN GRACE`` (every process with that
-marker, and their sessions), ``stat PATH``, ``read PATH MAX``, ``write PATH PARENTS
-MODE`` (data on stdin), ``mkdtemp PREFIX PARENT`` (prints the new directory and the
-user's home), ``rmtree PATH``.
+docs/backends.md, "Adding a backend", shows a whole backend.
 """
 
 from __future__ import annotations
@@ -43,214 +34,22 @@ from hermes_sandbox.environments.base import (
     ExecStream,
     FileKind,
     FileStat,
+    Runtime,
     SandboxProcess,
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import BackendError, EnvironmentFailure, SpawnNotAvailable
 from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.stubs import program_source
 
 log = logging.getLogger(__name__)
 
 HELPER_ERROR = "HERMES-SANDBOX-ERROR "
 _DRAIN_SECONDS = 1.0
 
-HELPER_SOURCE = r"""
-import errno, os, signal, stat, sys, time
-
-MARK = "HERMES_SANDBOX_EXEC"
-
-
-def hexed(text):
-    return str(text).encode("utf-8", "surrogateescape").hex()
-
-
-def fail(exc):
-    fields = (errno.errorcode.get(exc.errno or 0, ""), exc.strerror or str(exc),
-              "" if exc.filename is None else exc.filename)
-    line = "HERMES-SANDBOX-ERROR " + "\t".join(hexed(f) for f in fields) + "\n"
-    os.write(2, line.encode())
-    os._exit(125)
-
-
-def others():
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
-            yield int(name)
-
-
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
-def members(entry, own_sid):
-    # The command's processes: those carrying the marker, and every process in a
-    # session one of them is in (a child may have scrubbed its environment).
-    found, sids = set(), set()
-    for pid in others():
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                if entry in f.read().split(b"\0"):
-                    found.add(pid)
-                    sids.add(os.getsid(pid))
-        except OSError:
-            pass
-    sids.discard(own_sid)
-    if sids:
-        for pid in others():
-            try:
-                if os.getsid(pid) in sids:
-                    found.add(pid)
-            except OSError:
-                pass
-    return set(pid for pid in found if alive(pid))
-
-
-def send(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
-def sweep(token, grace):
-    entry = (MARK + "=" + token).encode()
-    own = os.getsid(0)
-    targets = members(entry, own)
-    if targets and grace > 0:
-        send(targets, signal.SIGTERM)
-        send(targets, signal.SIGCONT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(alive(p) for p in targets):
-            time.sleep(0.01)
-    for _ in range(200):  # until nothing is left, however fast they fork
-        targets = members(entry, own)
-        if not targets:
-            return
-        send(targets, signal.SIGKILL)
-        time.sleep(0.005)
-
-
-def run(token, grace, cwd, command):
-    if cwd:
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            fail(exc)
-    env = dict(os.environ)
-    env[MARK] = token
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            os.dup2(1, 2)
-            os.execve("/bin/sh", ["/bin/sh", "-c", command], env)
-        except OSError as exc:
-            os.write(2, ("cannot run /bin/sh: %s\n" % exc).encode())
-        os._exit(127)
-    status = os.waitpid(pid, 0)[1]
-    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    sweep(token, grace)  # what the command left in the background
-    sys.exit(code)
-
-
-def kind_of(mode):
-    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"),
-                       (stat.S_ISCHR, "char_device"), (stat.S_ISBLK, "block_device"),
-                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return name
-    return "other"
-
-
-def remove_tree(path):
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            full = os.path.join(root, name)
-            try:
-                if os.path.islink(full):
-                    os.unlink(full)
-                else:
-                    os.rmdir(full)
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def make_private_dir(prefix, parent):
-    while True:
-        path = os.path.join(parent, prefix + os.urandom(6).hex())
-        try:
-            os.mkdir(path, 0o700)
-            return path
-        except FileExistsError:
-            continue
-
-
-def main(verb, args):
-    if verb == "run":
-        return run(args[0], float(args[1]), args[2], args[3])
-    if verb == "kill":
-        return sweep(args[0], float(args[1]))
-    out = sys.stdout.buffer
-    try:
-        if verb == "stat":
-            st = os.stat(args[0])
-            real = os.path.realpath(args[0])
-            out.write(("%s\t%d\t%s" % (kind_of(st.st_mode), st.st_size, hexed(real))).encode())
-        elif verb == "read":
-            left = int(args[1])
-            with open(args[0], "rb") as f:
-                while left != 0:
-                    chunk = f.read(65536 if left < 0 else min(65536, left))
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    left -= len(chunk) if left > 0 else 0
-        elif verb == "write":
-            path, parents, mode = args[0], args[1] == "1", args[2]
-            data = sys.stdin.buffer.read()
-            if parents:
-                parent = os.path.dirname(os.path.abspath(path))
-                if not os.path.isdir(parent):
-                    os.makedirs(parent)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode or "644", 8))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            if mode:
-                os.chmod(path, int(mode, 8))
-        elif verb == "mkdtemp":
-            made = make_private_dir(args[0], args[1])
-            out.write((hexed(made) + "\t" + hexed(os.path.expanduser("~"))).encode())
-        elif verb == "rmtree":
-            remove_tree(args[0])
-        else:
-            raise SystemExit("unknown verb " + verb)
-    except OSError as exc:
-        fail(exc)
-
-
-main(sys.argv[1], sys.argv[2:])
-"""
+# The program every exec-stream backend runs in its sandbox for commands and files.
+HELPER_PROGRAM = "_exec_helper.py"
+HELPER_SOURCE = program_source(HELPER_PROGRAM)
 
 
 def unhex(text: str) -> str:
@@ -277,21 +76,52 @@ def raise_helper_failure(
     raise EnvironmentFailure(f"could not {doing} {where}: exit code {code}{hint}: {text[-2000:]}")
 
 
-class HelperEnvironment(Environment):
-    """An environment driven through exec streams and :data:`HELPER_SOURCE`.
+class ExecStreamEnvironment(Environment, Runtime):
+    """An environment driven through exec streams (see the module docstring).
 
-    Subclasses implement :meth:`start`, :meth:`aclose`, :attr:`python` and
-    :meth:`_open_exec`, and set ``kill_grace``. ``where`` names the place in messages
-    ("in the container", "on the remote host"); ``scratch_parent`` is where
-    :meth:`make_private_dir` makes its directories.
+    A backend sets ``name`` and ``settings_class`` (its :class:`BackendSettings`, with
+    a ``python`` field) and implements :meth:`_start`, :meth:`_stop` and
+    :meth:`_open_exec`. ``where`` names the place in messages ("in the container", "on
+    the remote host"); ``scratch_parent`` is where :meth:`make_private_dir` makes its
+    directories. The constructor takes the settings (None: their defaults), ``env``
+    (variables every command and script gets, added to the sandbox's own), the
+    ``kill_grace`` between SIGTERM and SIGKILL, and ``python`` (overriding the
+    settings').
     """
 
     where: ClassVar[str] = "in the sandbox"
     can_spawn: ClassVar[bool] = False
     scratch_parent: str = "/tmp"
-    kill_grace: float = 2.0
-    _python: str
-    _home: str | None = None
+
+    def __init__(
+        self,
+        settings: Any = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        kill_grace: float = 2.0,
+        python: str | None = None,
+    ) -> None:
+        self.settings = self.settings_for(settings)
+        self._env = dict(env or {})
+        self.kill_grace = kill_grace
+        self._python: str = python or self.settings.python
+        self._home: str | None = None
+        self._started = False
+        self._closed = False
+
+    # -- what a backend writes -------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _start(self) -> None:
+        """Make (or find) the sandbox and connect to it. Execs may be opened from here
+        on (to probe it, make a directory). If it fails, undo what it did and raise
+        BackendNotAvailable (no SDK, credentials, engine) or EnvironmentFailure."""
+
+    @abc.abstractmethod
+    async def _stop(self) -> None:
+        """Remove what :meth:`_start` made (unless kept on purpose) and disconnect.
+        Called once, shielded from cancellation, also when start was never called or
+        failed; never raises for what is already gone."""
 
     @abc.abstractmethod
     async def _open_exec(
@@ -320,10 +150,47 @@ class HelperEnvironment(Environment):
             chosen = dataclasses.replace(chosen, task_id=task_id)
         return cls(chosen, env=env, kill_grace=kill_grace, python=python)  # type: ignore[call-arg]
 
+    # -- the lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Make the sandbox ready and return this environment, which runs things there
+        too; a second call does nothing more. Raises BackendNotAvailable or
+        EnvironmentFailure (and after :meth:`aclose`, always)."""
+        if self._closed:
+            raise EnvironmentFailure(f"this {self.name} environment was closed; make a new one")
+        if self._started:
+            return self
+        self._started = True  # _start may open execs already
+        try:
+            await self._start()
+        except BaseException:
+            self._started = False
+            raise
+        return self
+
+    async def aclose(self) -> None:
+        """Stop the sandbox and remove what it made. Idempotent; not cancellable."""
+        if self._closed:
+            return
+        self._closed = True
+        self._started = False
+        with anyio.CancelScope(shield=True):
+            await self._stop()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the environment is started and not closed."""
+        return self._started
+
+    def _require_started(self) -> None:
+        """Raise EnvironmentFailure unless started (and not closed)."""
+        if not self._started:
+            state = "closed" if self._closed else "not started"
+            raise EnvironmentFailure(f"the {self.name} environment is {state}")
+
     @property
     def python(self) -> str:
-        """The sandbox's interpreter: the settings' ``python``, or the one the run names
-        (subclasses set ``_python`` in their constructor)."""
+        """The sandbox's interpreter: the run's, else the settings' ``python``."""
         return self._python
 
     @property
@@ -470,8 +337,9 @@ class HelperEnvironment(Environment):
 
 __all__ = [
     "HELPER_ERROR",
+    "HELPER_PROGRAM",
     "HELPER_SOURCE",
-    "HelperEnvironment",
+    "ExecStreamEnvironment",
     "raise_helper_failure",
     "unhex",
 ]

@@ -33,9 +33,11 @@ from hermes_sandbox.environments.base import (
     ExecStream,
     FileKind,
     FileStat,
+    Runtime,
     SandboxProcess,
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
+from hermes_sandbox.environments.errors import EnvironmentFailure
 from hermes_sandbox.environments.settings import BackendSettings
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
@@ -58,7 +60,7 @@ class LocalSettings(BackendSettings):
             object.__setattr__(self, "python", os.path.expanduser(self.python))
 
 
-class LocalEnvironment(Environment):
+class LocalEnvironment(Environment, Runtime):
     """This machine. ``env`` is the environment every command and process starts from
     (default: a copy of this process's); ``python`` the interpreter for scripts (default:
     the settings', else this process's)."""
@@ -112,8 +114,16 @@ class LocalEnvironment(Environment):
     def shared_directory(self) -> str | None:
         return tempfile.gettempdir()  # this machine: every path is the host's
 
-    async def start(self) -> None:
-        return None
+    async def start(self) -> Self:
+        """Nothing to make: this machine is ready; returns this environment, which runs
+        things too. Raises EnvironmentFailure once closed."""
+        if self._closed:
+            raise EnvironmentFailure("this local environment was closed; make a new one")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
 
     async def aclose(self) -> None:
         if self._closed:

@@ -24,6 +24,7 @@ from hermes_sandbox.environments import (
     BackendError,
     BackendSettings,
     Environment,
+    Runtime,
     SandboxProcess,
     get_environment_class,
 )
@@ -228,24 +229,22 @@ async def _supervise(
     return ("success" if exit_code == 0 else "error"), exit_code
 
 
-async def _remove_stage(environment: Environment, stage: str) -> str | None:
+async def _remove_stage(runtime: Runtime, stage: str) -> str | None:
     """Remove the stage directory; what went wrong, if anything (a sandbox that went
     away mid-run takes its stage with it: the result, not an exception, says so)."""
     try:
-        await environment.remove_tree(stage)
+        await runtime.remove_tree(stage)
     except (BackendError, OSError) as exc:
         log.warning("could not remove the stage %s: %s", stage, exc)
         return str(exc)
     return None
 
 
-async def _stage(environment: Environment, stage: str, code: str, files: Mapping[str, str]) -> None:
+async def _stage(runtime: Runtime, stage: str, code: str, files: Mapping[str, str]) -> None:
     """Write the script and the runtime's files into the stage directory."""
-    await environment.write_bytes(
-        posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600
-    )
+    await runtime.write_bytes(posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600)
     for name, text in files.items():
-        await environment.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
+        await runtime.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
 
 
 def _make_environment(
@@ -308,24 +307,22 @@ async def run_code(
     except TransportUnavailable as exc:
         raise RunError(str(exc)) from None
     try:
-        await environment.start()
+        runtime = await environment.start()
         try:
             try:
-                transport = choose_transport(options.transport, environment)
+                transport = choose_transport(options.transport, runtime)
             except TransportUnavailable as exc:
                 raise RunError(str(exc)) from None
-            parent = (
-                environment.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
-            )
-            stage = await environment.make_private_dir("hermes-sandbox-", parent=parent)
-            cwd = options.cwd or environment.default_cwd
+            parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
+            stage = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
+            cwd = options.cwd or runtime.default_cwd
             try:
-                if needs_relay(transport, environment):
+                if needs_relay(transport, runtime):
                     files = {**files, RELAY_MODULE: relay_source()}
-                await _stage(environment, stage, code, files)
+                await _stage(runtime, stage, code, files)
                 context = ToolContext(
                     task_id=options.task_id or uuid.uuid4().hex,
-                    environment=environment,
+                    environment=runtime,
                     cwd=cwd,
                     approval=options.approval,
                     workspace_root=options.workspace_root,
@@ -341,12 +338,12 @@ async def run_code(
                 }
                 script = Script(
                     stage=stage,
-                    argv=[environment.python, posixpath.join(stage, SCRIPT_NAME)],
+                    argv=[runtime.python, posixpath.join(stage, SCRIPT_NAME)],
                     env=child_env,
                     cwd=cwd,
                     marker=marker,
                 )
-                launch = TRANSPORTS[transport](environment, server, script)
+                launch = TRANSPORTS[transport](runtime, server, script)
                 try:
                     async with launch as process:
                         status, exit_code = await _supervise(
@@ -362,7 +359,7 @@ async def run_code(
                     raise RunError(str(exc)) from None
             finally:
                 with anyio.CancelScope(shield=True):
-                    cleanup_problem = await _remove_stage(environment, stage)
+                    cleanup_problem = await _remove_stage(runtime, stage)
         finally:
             with anyio.CancelScope(shield=True):
                 await environment.aclose()

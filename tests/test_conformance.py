@@ -68,6 +68,9 @@ TARGETS = [
     # the installed SDK's signatures).
     ("modal", "relay"),
     ("daytona", "relay"),
+    # The fake backend the package ships for its users' tests (environments/testing.py):
+    # a temporary directory reached through local subprocesses.
+    ("fake", "relay"),
 ]
 
 # Python run inside the target: which of the pids in argv still run (not zombies).
@@ -238,6 +241,15 @@ def held_daytona(
         assert cloud.live() == [], "a daytona sandbox outlived its run"
     finally:
         cloud.close()
+
+
+@pytest.fixture
+def held_fake(held_local: Environment) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """The fake backend's sandboxes are this machine's processes: the local
+    environment checks on them."""
+    import hermes_sandbox.environments.testing  # noqa: F401 - puts "fake" in the table
+
+    yield held_local, {}
 
 
 @pytest.fixture(params=TARGETS, ids=[f"{b}-{t}" for b, t in TARGETS])
@@ -422,5 +434,5 @@ def test_tools_act_where_the_script_runs(target: Target) -> None:
     assert seen == {"script": "made by a tool", "shell": "made by a tool"}
     if target.backend == "docker":
         assert not on_host, "a tool in a container wrote on the host"
-    if target.backend in ("modal", "daytona"):
+    if target.backend in ("modal", "daytona", "fake"):
         assert on_host  # the fakes' sandboxes are this machine: the stand-in's limit

@@ -35,6 +35,7 @@ import pytest
 from conftest import IMAGE, RUN_ID, TEST_LABEL
 
 import hermes_sandbox.environments.docker.environment as docker_backend
+import hermes_sandbox.environments.docker.stream as docker_stream
 from hermes_sandbox.environments import (
     BackendNotAvailable,
     EnvironmentFailure,
@@ -655,16 +656,16 @@ def frame(stream: int, payload: bytes) -> bytes:
 def test_frames_split_anywhere_are_reassembled() -> None:
     wire = frame(1, b"hello ") + frame(2, b"oops") + frame(1, b"") + frame(1, b"world")
     for cut in range(1, len(wire)):
-        demux = docker_backend._FrameDemux()
+        demux = docker_stream._FrameDemux()
         pieces = demux.feed(wire[:cut]) + demux.feed(wire[cut:])
         assert b"".join(p for s, p in pieces if s == 1) == b"hello world"
         assert b"".join(p for s, p in pieces if s == 2) == b"oops"
         assert not demux.mid_frame
-    demux = docker_backend._FrameDemux()
+    demux = docker_stream._FrameDemux()
     demux.feed(wire[:3])
     assert demux.mid_frame
     with pytest.raises(ValueError, match="not a multiplexed"):
-        docker_backend._FrameDemux().feed(b"HTTP/1.1 200 OK\r\n")
+        docker_stream._FrameDemux().feed(b"HTTP/1.1 200 OK\r\n")
 
 
 class ScriptedTransport(anyio.abc.ByteStream):

@@ -466,8 +466,8 @@ def test_config_defaults_and_settings_from_a_run() -> None:
         task_id="t",
         python="/opt/py/bin/python3",
     )
-    assert env.python == "/opt/py/bin/python3" and env.config.image == "my/img:1"
-    assert env.config.region == ("eu-west",)
+    assert env.python == "/opt/py/bin/python3" and env.settings.image == "my/img:1"
+    assert env.settings.region == ("eu-west",)
     assert env.default_cwd == "/workspace" and env.shared_directory is None
 
 

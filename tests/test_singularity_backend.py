@@ -43,7 +43,7 @@ from hermes_sandbox.environments import (
     EnvironmentFailure,
     get_environment_class,
 )
-from hermes_sandbox.environments.helper import HELPER_SOURCE
+from hermes_sandbox.environments.exec_stream import HELPER_SOURCE
 from hermes_sandbox.environments.singularity import (
     IMAGE_VAR,
     Bind,
@@ -315,7 +315,7 @@ def test_for_run_takes_the_runs_task_python_and_settings() -> None:
         python="/usr/bin/python3",
     )
     assert isinstance(env, SingularityEnvironment)
-    assert env.config.task_id == "task-7" and env.config.memory == "1g"
+    assert env.settings.task_id == "task-7" and env.settings.memory == "1g"
     assert env.python == "/usr/bin/python3" and env.kill_grace == 0.25
     assert env.task_key.startswith("hermes-task-7-")
     with pytest.raises(ValueError, match="unknown singularity backend setting"):

@@ -38,7 +38,7 @@ import psutil
 import pytest
 from conftest import ssh_server_from_environment, ssh_server_from_service
 
-import hermes_sandbox.environments.ssh.environment as ssh_backend
+import hermes_sandbox.environments.ssh.connection as ssh_connection
 from hermes_sandbox import SettingError, execute_code, execute_code_async
 from hermes_sandbox.environments import (
     BackendNotAvailable,
@@ -340,7 +340,7 @@ def test_command_line_quotes_every_word_and_refuses_bad_names() -> None:
 
 @pytest.mark.anyio
 async def test_missing_paramiko_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ssh_backend, "paramiko", None)
+    monkeypatch.setattr(ssh_connection, "paramiko", None)
     with pytest.raises(BackendNotAvailable, match=r"pip install 'hermes-sandbox\[ssh\]'"):
         await SSHEnvironment(SSHSettings(host="127.0.0.1")).start()
 

@@ -31,7 +31,7 @@ namespace, pid and start time of the process that started it) and a random suffi
 it is shared only by environments of the same process for the same task and stopped
 when the last of them closes; the reaper takes it if the owner dies first.
 
-Commands and files go through :class:`~environments.helper.HelperEnvironment`: each is
+Commands and files go through :class:`~environments.exec_stream.ExecStreamEnvironment`: each is
 an ``apptainer exec`` into the instance running the stdlib helper with the image's
 Python; :meth:`SingularityEnvironment._open_exec` is a local subprocess whose stdin and
 stdout are the stream (:class:`~environments.local.LocalExecStream`).
@@ -78,7 +78,7 @@ import anyio.abc
 import psutil
 
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
-from hermes_sandbox.environments.helper import HelperEnvironment
+from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.local import LocalExecStream
 from hermes_sandbox.environments.singularity.settings import (
     IMAGE_VAR,
@@ -187,44 +187,42 @@ _TASK_INSTANCES: dict[str, str] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-class SingularityEnvironment(HelperEnvironment):
+class SingularityEnvironment(ExecStreamEnvironment):
     """An Apptainer instance of the task's own (see the module docstring).
 
-    ``config`` says which image and how contained; ``env`` holds variables every command
-    and process gets (nothing of the host's environment leaks in otherwise);
+    ``settings`` say which image and how contained; ``env`` holds variables every
+    command and process gets (nothing of the host's environment leaks in otherwise);
     ``kill_grace`` is how long a command gets between SIGTERM and SIGKILL; ``python``
-    overrides ``config.python``.
+    overrides ``settings.python``.
     """
 
     name: ClassVar[str] = "singularity"
     settings_class: ClassVar[type[SingularitySettings]] = SingularitySettings
     where: ClassVar[str] = "in the Apptainer instance"
 
+    settings: SingularitySettings
+
     def __init__(
         self,
-        config: SingularitySettings,
+        settings: SingularitySettings | None = None,
         *,
         env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
         python: str | None = None,
     ) -> None:
-        self.config = config
-        self.task_id = config.task_id or uuid.uuid4().hex
-        self._env = dict(env or {})
+        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+        self.task_id = self.settings.task_id or uuid.uuid4().hex
         bad = [key for key in self._env if not _ENV_NAME_RE.match(key)]
         if bad:
             raise ValueError(f"environment variable names must be identifiers, got {bad}")
-        self.kill_grace = kill_grace
-        self._python = python or config.python
         self.executable: str | None = None
         self.instance_name: str | None = None
         self.reused = False  # start() attached to an instance that was already running
         self._shared_path: str | None = None
-        self._closed = False
 
     @property
     def default_cwd(self) -> str:
-        return self.config.workdir
+        return self.settings.workdir
 
     @property
     def shared_directory(self) -> str | None:
@@ -234,7 +232,7 @@ class SingularityEnvironment(HelperEnvironment):
     def task_key(self) -> str:
         """The name of the task's persistent instance, and the start of every name of
         its other instances: task and settings."""
-        return f"{NAME_PREFIX}{_slug(self.task_id)}-{self.config.settings_hash()}"
+        return f"{NAME_PREFIX}{_slug(self.task_id)}-{self.settings.settings_hash()}"
 
     # -- running the command line ------------------------------------------------------
 
@@ -348,30 +346,26 @@ class SingularityEnvironment(HelperEnvironment):
     # -- lifecycle -----------------------------------------------------------------------
 
     def _shared_path_for(self, name: str) -> str | None:
-        if self.config.shared_dir is None:
+        if self.settings.shared_dir is None:
             return None
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-        return os.path.join(self.config.shared_dir, f"hs-{digest}")
+        return os.path.join(self.settings.shared_dir, f"hs-{digest}")
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Find the executable, reap orphans, then reuse or start the task's instance.
 
         Raises BackendNotAvailable (no apptainer or singularity, an image it cannot
         open) or EnvironmentFailure.
         """
-        if self._closed:
-            raise EnvironmentFailure("this singularity environment was closed; make a new one")
-        if self.instance_name is not None:
-            return
-        self.executable = await anyio.to_thread.run_sync(find_executable, self.config.executable)
+        self.executable = await anyio.to_thread.run_sync(find_executable, self.settings.executable)
         running = await self._list_instances(f"{NAME_PREFIX}*")
         await self._reap(running)
         key = self.task_key
-        if self.config.persist:
+        if self.settings.persist:
             name = key
         else:
             with _SHARED_LOCK:
-                mine = _TASK_INSTANCES.get(key) if self.config.task_id is not None else None
+                mine = _TASK_INSTANCES.get(key) if self.settings.task_id is not None else None
             if mine is None or mine not in running:
                 mine = f"{key}-{owner_token()}-{secrets.token_hex(3)}"
             name = mine
@@ -388,7 +382,7 @@ class SingularityEnvironment(HelperEnvironment):
         await self._start_instance(name)
 
     async def _start_instance(self, name: str) -> None:
-        config = self.config
+        config = self.settings
         shared = self._shared_path_for(name)
         try:
             if shared is not None:
@@ -425,7 +419,7 @@ class SingularityEnvironment(HelperEnvironment):
             raise
 
     def _start_options(self, shared: str | None) -> list[str]:
-        config = self.config
+        config = self.settings
         options: list[str] = []
         if config.containall:
             options.append("--containall")
@@ -450,7 +444,7 @@ class SingularityEnvironment(HelperEnvironment):
         return options
 
     def _start_failure(self, result: _CommandResult) -> Exception:
-        image = self.config.image
+        image = self.settings.image
         said = _last_lines(result.stderr) or _last_lines(result.stdout)
         if "could not open image" in said:
             return BackendNotAvailable(
@@ -466,7 +460,7 @@ class SingularityEnvironment(HelperEnvironment):
 
     async def _make_workdir(self) -> None:
         stream = await self._open_exec(
-            ["mkdir", "-p", self.config.workdir], env=None, cwd="/", stdin=False
+            ["mkdir", "-p", self.settings.workdir], env=None, cwd="/", stdin=False
         )
         try:
             async for _ in stream:
@@ -477,7 +471,7 @@ class SingularityEnvironment(HelperEnvironment):
                 await stream.aclose()
         if code != 0:
             raise EnvironmentFailure(
-                f"could not make the working directory {self.config.workdir!r} "
+                f"could not make the working directory {self.settings.workdir!r} "
                 f"{self.where} (exit code {code}): {_last_lines(stream.stderr_tail)}"
             )
 
@@ -508,30 +502,20 @@ class SingularityEnvironment(HelperEnvironment):
             _SHARED.pop(name, None)
             if _TASK_INSTANCES.get(self.task_key) == name:
                 del _TASK_INSTANCES[self.task_key]
-        return not self.config.persist
+        return not self.settings.persist
 
-    async def aclose(self) -> None:
+    async def _stop(self) -> None:
         """Stop the instance (unless persistent, or still used by another environment
-        of this process) and remove its shared directory. Idempotent; not cancellable."""
-        if self._closed:
+        of this process) and remove its shared directory."""
+        name, self.instance_name = self.instance_name, None
+        shared, self._shared_path = self._shared_path, None
+        if name is None or not self._forget(name):
             return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            name, self.instance_name = self.instance_name, None
-            shared, self._shared_path = self._shared_path, None
-            if name is None or not self._forget(name):
-                return
-            # Not raised when it fails: aclose runs in finally blocks. The reaper takes
-            # the instance once this process is gone.
-            await self._stop_instance(name)
-            if shared is not None:
-                await anyio.to_thread.run_sync(_remove_shared_dir, shared)
-
-    def _require_started(self) -> str:
-        if self.instance_name is None:
-            state = "closed" if self._closed else "not started"
-            raise EnvironmentFailure(f"the singularity environment is {state}")
-        return self.instance_name
+        # Not raised when it fails: aclose runs in finally blocks. The reaper takes
+        # the instance once this process is gone.
+        await self._stop_instance(name)
+        if shared is not None:
+            await anyio.to_thread.run_sync(_remove_shared_dir, shared)
 
     # -- processes -------------------------------------------------------------------------
 
@@ -545,7 +529,10 @@ class SingularityEnvironment(HelperEnvironment):
     ) -> LocalExecStream:
         """``apptainer exec --cleanenv --no-eval --pwd CWD instance://NAME ARGV`` as a local
         process: its stdin and stdout are the stream, its stderr the stream's tail."""
-        name = self._require_started()
+        self._require_started()
+        name = self.instance_name
+        if name is None:
+            raise EnvironmentFailure("the singularity instance is not running yet")
         merged = {**self._env, **(env or {})}
         bad = [key for key in merged if not _ENV_NAME_RE.match(key)]
         if bad:
@@ -557,7 +544,7 @@ class SingularityEnvironment(HelperEnvironment):
             "--cleanenv",
             "--no-eval",
             "--pwd",
-            cwd or self.config.workdir,
+            cwd or self.settings.workdir,
             f"instance://{name}",
             *argv,
         ]
