@@ -1,42 +1,67 @@
-"""Where code runs: the Environment seam and the backends that implement it.
+"""Where code runs: the Environment seam, the backends that implement it, and their
+typed settings.
 
 Backends are looked up by name in :data:`BACKENDS`; each entry names the module and
-class to import, so a backend's SDK is imported only when that backend is used.
+class to import, so a backend's SDK is imported only when that backend is used. Each
+environment class names its settings class (``settings_class``), and each settings
+class names its backend (``backend``).
 """
 
 from __future__ import annotations
 
 import importlib
 
-from hermes_sandbox.environments.base import CommandResult, Environment, FileStat, SandboxProcess
+from hermes_sandbox.environments.base import (
+    CommandResult,
+    Environment,
+    ExecStream,
+    FileStat,
+    Runtime,
+    SandboxProcess,
+)
+from hermes_sandbox.environments.daytona.settings import DaytonaSettings
+from hermes_sandbox.environments.docker.settings import DockerSettings
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+from hermes_sandbox.environments.local import LocalSettings
+from hermes_sandbox.environments.modal.settings import ModalSettings
+from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.environments.singularity.settings import SingularitySettings
+from hermes_sandbox.environments.ssh.settings import SSHSettings
 
-# name -> "module:Class", or None for a name reserved for a backend not built yet.
-BACKENDS: dict[str, str | None] = {
+# name -> "module:Class" of its environment.
+BACKENDS: dict[str, str] = {
     "local": "hermes_sandbox.environments.local:LocalEnvironment",
-    "docker": "hermes_sandbox.environments.docker:DockerEnvironment",
-    "ssh": "hermes_sandbox.environments.ssh:SSHEnvironment",
-    "singularity": "hermes_sandbox.environments.singularity:SingularityEnvironment",
-    "modal": "hermes_sandbox.environments.modal:ModalEnvironment",
-    "daytona": "hermes_sandbox.environments.daytona:DaytonaEnvironment",
+    "docker": "hermes_sandbox.environments.docker.environment:DockerEnvironment",
+    "ssh": "hermes_sandbox.environments.ssh.environment:SSHEnvironment",
+    "singularity": "hermes_sandbox.environments.singularity.environment:SingularityEnvironment",
+    "modal": "hermes_sandbox.environments.modal.environment:ModalEnvironment",
+    "daytona": "hermes_sandbox.environments.daytona.environment:DaytonaEnvironment",
 }
 
 
+def register_backend(name: str, target: str) -> None:
+    """Add a backend to the table: ``name`` -> ``"module:Class"`` of its environment,
+    whose ``settings_class`` has ``backend = name``. For a backend outside this package
+    (docs/backends.md, "Adding a backend"); a name already taken is refused."""
+    if BACKENDS.get(name, target) != target:
+        raise ValueError(f"the backend name {name!r} is taken by {BACKENDS[name]}")
+    if ":" not in target:
+        raise ValueError(f"a backend is found as 'module:Class', got {target!r}")
+    BACKENDS[name] = target
+
+
 def available_backends() -> list[str]:
-    return [name for name, target in BACKENDS.items() if target is not None]
+    """The backend names, in the table's order."""
+    return list(BACKENDS)
 
 
 def get_environment_class(name: str) -> type[Environment]:
     """The Environment class for a backend name; raise BackendNotAvailable with advice."""
-    if name not in BACKENDS:
-        raise BackendNotAvailable(
-            f"unknown backend {name!r}; choose one of: {', '.join(available_backends())}"
-        )
-    target = BACKENDS[name]
+    target = BACKENDS.get(name)
     if target is None:
         raise BackendNotAvailable(
-            f"the {name} backend is not available in this version of hermes-sandbox yet; "
-            f"available now: {', '.join(available_backends())}"
+            f"unknown backend {name!r}; choose one of: {', '.join(available_backends())}"
         )
     module_name, _, class_name = target.partition(":")
     try:
@@ -47,15 +72,32 @@ def get_environment_class(name: str) -> type[Environment]:
     return cls
 
 
+def get_settings_class(name: str) -> type[BackendSettings]:
+    """The settings class of a backend name; raise BackendNotAvailable if unknown."""
+    return get_environment_class(name).settings_class
+
+
 __all__ = [
     "BACKENDS",
     "BackendError",
     "BackendNotAvailable",
+    "BackendSettings",
     "CommandResult",
+    "DaytonaSettings",
+    "DockerSettings",
     "Environment",
     "EnvironmentFailure",
+    "ExecStream",
+    "ExecStreamEnvironment",
     "FileStat",
+    "LocalSettings",
+    "ModalSettings",
+    "Runtime",
+    "SSHSettings",
     "SandboxProcess",
+    "SingularitySettings",
     "available_backends",
     "get_environment_class",
+    "get_settings_class",
+    "register_backend",
 ]

@@ -1,10 +1,10 @@
 """The seam every backend implements: where code runs.
 
-An :class:`Environment` is one place to run things (this machine, a container, a
-remote host). It is an async context manager: entering starts it, leaving stops it
-and removes everything it started. While open it can
+An :class:`Environment` is the lifecycle of one place to run things (this machine, a
+container, a remote host): built from its settings, started, closed. Started, it hands
+back a :class:`Runtime`, which can
 
-- run a shell command to completion (:meth:`Environment.execute`),
+- run a shell command to completion (:meth:`Runtime.execute`),
 - read, write and inspect files (:meth:`stat`, :meth:`read_bytes`, :meth:`write_bytes`),
 - make and remove private scratch directories,
 - start a process whose stdout and stderr are byte streams (:meth:`spawn`); the
@@ -17,35 +17,20 @@ scripts: sandbox/ decides what to run, rpc/ carries the calls.
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self
 
 import anyio.abc
+
+from hermes_sandbox.environments.settings import BackendSettings, api_place
+from hermes_sandbox.errors import SettingError
 
 # What Environment.execute keeps of a command's output, and the exit code of a command
 # killed for its timeout (as coreutils' timeout reports it).
 DEFAULT_MAX_COMMAND_OUTPUT = 1_000_000
 TIMEOUT_EXIT_CODE = 124
-
-_Settings = TypeVar("_Settings")
-
-
-def settings_from_mapping(cls: type[_Settings], data: Mapping[str, Any], backend: str) -> _Settings:
-    """A backend's settings dataclass ``cls`` built from plain data (a config file's
-    section, the API's ``backend_options``); an unknown key is refused with the known
-    ones named, and the dataclass checks the values (ValueError, TypeError)."""
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown {backend} backend setting(s): {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(known))}"
-        )
-    return cls(**data)
-
 
 FileKind = Literal["file", "directory", "char_device", "block_device", "fifo", "socket", "other"]
 
@@ -110,45 +95,15 @@ class ExecStream(anyio.abc.ByteStream):
         """Wait for the process to exit; return its exit code."""
 
 
-class Environment(abc.ABC):
-    """A place where code runs. See the module docstring for the contract."""
+class Runtime(abc.ABC):
+    """What runs things in a started environment: shell commands, files, scratch
+    directories, processes and exec streams. The runner and the tools (through their
+    ToolContext) see only this; an :class:`Environment` hands it back from ``start``."""
 
     name: ClassVar[str]
-    # Whether scripts here see the host's own files and variables (the local backend):
-    # the runner then starts from the host's scrubbed environment and working directory.
-    shares_host: ClassVar[bool] = False
     # Whether spawn works here; where it does not, the runtime starts scripts through
     # the stream relay over open_exec_stream instead.
     can_spawn: ClassVar[bool] = True
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: Mapping[str, Any],
-        *,
-        env: Mapping[str, str],
-        kill_grace: float,
-        task_id: str | None,
-        python: str | None,
-    ) -> Self:
-        """Build the environment for one run from its backend ``settings`` (a config
-        section or the API's ``backend_options``); raise ValueError for bad settings."""
-        if settings:
-            raise ValueError(
-                f"the {cls.name} backend takes no settings, got {', '.join(sorted(settings))}"
-            )
-        kwargs: dict[str, Any] = {"env": env, "kill_grace": kill_grace}
-        if python:
-            kwargs["python"] = python
-        return cls(**kwargs)
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        """Why this backend cannot be used on this machine with ``settings``, or None
-        when it can as far as can be told without starting anything (an SDK installed,
-        an engine answering, an executable found, credentials present). Quick: no
-        sandbox is made. For ``hermes-sandbox backends``."""
-        return None
 
     @property
     def default_cwd(self) -> str:
@@ -160,26 +115,6 @@ class Environment(abc.ABC):
         """The home directory of the user scripts run as *in this environment* (what
         ``~`` means to a tool called from a script); None while not known."""
         return None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    @abc.abstractmethod
-    async def start(self) -> None:
-        """Make the environment ready; raise BackendNotAvailable or EnvironmentFailure."""
-
-    @abc.abstractmethod
-    async def aclose(self) -> None:
-        """Stop it and remove everything it started. Idempotent."""
 
     @property
     def shared_directory(self) -> str | None:
@@ -248,3 +183,76 @@ class Environment(abc.ABC):
         stream ends the process's stdin and stops the client side; the process itself is
         expected to exit on end of input (the relay does).
         """
+
+
+class Environment(abc.ABC):
+    """The lifecycle of a place where code runs: built for a run from its settings,
+    :meth:`start` makes it ready and hands back the :class:`Runtime` that runs things
+    there, :attr:`alive` says whether it is, :meth:`aclose` removes what it made.
+    ``async with environment as runtime:`` does both. (The built-in backends are one
+    object that plays both parts: their ``start`` returns themselves.)"""
+
+    name: ClassVar[str]
+    # Whether scripts here see the host's own files and variables (the local backend):
+    # the runner then starts from the host's scrubbed environment and working directory.
+    shares_host: ClassVar[bool] = False
+    # The backend's settings class (environments/settings.py): its options, checks,
+    # --image and --network mapping and availability message.
+    settings_class: ClassVar[type[BackendSettings]]
+
+    @classmethod
+    def settings_for(cls, settings: BackendSettings | Mapping[str, Any] | None) -> Any:
+        """``settings`` as this backend's settings object: one given as is, a mapping
+        built into one (its place: ``backend_options``), None the defaults. Raises
+        SettingError for settings of another backend or values that do not fit."""
+        if settings is None:
+            return cls.settings_class.build([])
+        if isinstance(settings, Mapping):
+            return cls.settings_class.build([(settings, api_place("backend_options"))])
+        if not isinstance(settings, cls.settings_class):
+            raise SettingError(
+                f"the {cls.name} backend takes {cls.settings_class.__name__}, "
+                f"got {type(settings).__name__}",
+                place="backend",
+            )
+        return settings
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: BackendSettings | Mapping[str, Any] | None,
+        *,
+        env: Mapping[str, str],
+        kill_grace: float,
+        task_id: str | None,
+        python: str | None,
+    ) -> Self:
+        """Build the environment for one run from its backend ``settings``, the run's
+        variables, kill grace, task id (for backends with per-task sandboxes) and
+        interpreter (overriding the settings' ``python``); raise SettingError."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Any:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @abc.abstractmethod
+    async def start(self) -> Runtime:
+        """Make the environment ready and return what runs things there; raise
+        BackendNotAvailable or EnvironmentFailure."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop it and remove everything it started. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Whether it is started and not closed (as far as is known without asking)."""

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import Any, BinaryIO, ClassVar, Self
 
 import anyio
 import anyio.abc
@@ -32,35 +33,70 @@ from hermes_sandbox.environments.base import (
     ExecStream,
     FileKind,
     FileStat,
+    Runtime,
     SandboxProcess,
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
+from hermes_sandbox.environments.errors import EnvironmentFailure
+from hermes_sandbox.environments.settings import BackendSettings
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
 _DRAIN_SECONDS = 1.0
 
 
-class LocalEnvironment(Environment):
+@dataclass(frozen=True, slots=True)
+class LocalSettings(BackendSettings):
+    """Settings of the local backend: this machine, as this user."""
+
+    backend: ClassVar[str] = "local"
+    without_image: ClassVar[str] = "it runs on this machine as it is"
+
+    python: str | None = None  # the interpreter scripts run with; None: this process's
+
+    def check(self) -> None:
+        if self.python is not None:
+            if not self.python:
+                raise ValueError("python must be a command name or a path, not empty")
+            object.__setattr__(self, "python", os.path.expanduser(self.python))
+
+
+class LocalEnvironment(Environment, Runtime):
     """This machine. ``env`` is the environment every command and process starts from
-    (default: a copy of this process's); ``python`` the interpreter for scripts."""
+    (default: a copy of this process's); ``python`` the interpreter for scripts (default:
+    the settings', else this process's)."""
 
     name = "local"
+    settings_class = LocalSettings
     shares_host = True
 
     def __init__(
         self,
+        settings: LocalSettings | None = None,
         *,
         env: Mapping[str, str] | None = None,
         python: str | None = None,
         kill_grace: float = 2.0,
     ) -> None:
+        self.settings = settings if settings is not None else LocalSettings()
         self.marker = secrets.token_hex(12)
         self._env = dict(os.environ if env is None else env)
         self._env[MARKER_VAR] = self.marker
         self._marker_entry = f"{MARKER_VAR}={self.marker}".encode()
-        self._python = python or sys.executable
+        self._python = python or self.settings.python or sys.executable
         self.kill_grace = kill_grace
         self._closed = False
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Any,
+        *,
+        env: Mapping[str, str],
+        kill_grace: float,
+        task_id: str | None,
+        python: str | None,
+    ) -> Self:
+        return cls(cls.settings_for(settings), env=env, python=python, kill_grace=kill_grace)
 
     @property
     def python(self) -> str:
@@ -78,8 +114,16 @@ class LocalEnvironment(Environment):
     def shared_directory(self) -> str | None:
         return tempfile.gettempdir()  # this machine: every path is the host's
 
-    async def start(self) -> None:
-        return None
+    async def start(self) -> Self:
+        """Nothing to make: this machine is ready; returns this environment, which runs
+        things too. Raises EnvironmentFailure once closed."""
+        if self._closed:
+            raise EnvironmentFailure("this local environment was closed; make a new one")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
 
     async def aclose(self) -> None:
         if self._closed:

@@ -7,13 +7,25 @@ The public API. Everything a user needs is importable from here::
     result = execute_code("from hermes_tools import terminal\\nprint(terminal('ls'))")
     print(result.status, result.output)
 
+A run's backend is named (``backend="docker"``) or given as its typed settings
+(``backend=DockerSettings(image="python:3.12-slim")``), one class per backend.
+
 Tools are registered on :data:`registry` with ``registry.register(...)`` or the
 :func:`tool` decorator; the layers are subpackages (``hermes_sandbox.environments``,
 ``hermes_sandbox.rpc``, ``hermes_sandbox.tools``, ``hermes_sandbox.stubs``).
 """
 
 from hermes_sandbox.api import execute_code, execute_code_async
-from hermes_sandbox.errors import SandboxError
+from hermes_sandbox.environments import (
+    BackendSettings,
+    DaytonaSettings,
+    DockerSettings,
+    LocalSettings,
+    ModalSettings,
+    SingularitySettings,
+    SSHSettings,
+)
+from hermes_sandbox.errors import ConfigError, SandboxError, SettingError
 from hermes_sandbox.gate import ToolCallBudget
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
@@ -31,10 +43,19 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "ApprovalPolicy",
+    "BackendSettings",
+    "ConfigError",
+    "DaytonaSettings",
+    "DockerSettings",
     "ExecutionResult",
+    "LocalSettings",
+    "ModalSettings",
     "RunError",
     "RunOptions",
+    "SSHSettings",
     "SandboxError",
+    "SettingError",
+    "SingularitySettings",
     "ToolCallBudget",
     "ToolContext",
     "ToolRegistry",

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 
+from hermes_sandbox.environments import BackendSettings
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunOptions, run_code
 from hermes_sandbox.tools.registry import ToolRegistry
@@ -18,7 +19,7 @@ from hermes_sandbox.tools.registry import ToolRegistry
 async def execute_code_async(
     code: str,
     *,
-    backend: str = "local",
+    backend: str | BackendSettings = "local",
     tools: Sequence[str] | None = None,
     timeout: float = 300,
     max_tool_calls: int = 50,
@@ -30,6 +31,9 @@ async def execute_code_async(
 ) -> ExecutionResult:
     """Run ``code`` in a sandbox and return its result; for anyio and asyncio callers.
 
+    ``backend`` is where it runs: a backend's name (``"docker"``) or its settings
+    (``DockerSettings(image=...)``; see docs/backends.md), with ``backend_options``, a
+    mapping of the settings' fields, over them.
     ``tools`` limits what the script may call (default: every built-in sandbox tool);
     ``env`` adds variables to the scrubbed environment the script gets; other keyword
     arguments are fields of :class:`sandbox.runner.RunOptions`. Cancelling the call
@@ -60,7 +64,7 @@ async def execute_code_async(
 def execute_code(
     code: str,
     *,
-    backend: str = "local",
+    backend: str | BackendSettings = "local",
     tools: Sequence[str] | None = None,
     timeout: float = 300,
     max_tool_calls: int = 50,

@@ -15,13 +15,12 @@ import signal
 import sys
 import termios
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 import anyio
-import yaml
 
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
-from hermes_sandbox.environments import BACKENDS, BackendError, get_environment_class
+from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.errors import SandboxError, UsageError
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
 from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
@@ -57,30 +56,6 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
         else:
             raise UsageError(f"--env {name}: no such variable in this environment")
     return env
-
-
-def _parse_backend_options(items: Sequence[str]) -> dict[str, Any]:
-    """``--backend-option KEY=VALUE`` pairs; each value is read as YAML (so ``2222`` is a
-    number, ``true`` a boolean, ``[a, b]`` a list), as in the config file."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise UsageError(f"--backend-option needs KEY=VALUE, got {item!r}")
-        try:
-            options[key.strip()] = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            options[key.strip()] = value
-    return options
-
-
-# What --network sets for each backend that can have its network blocked.
-NETWORK_OPTIONS: dict[str, dict[str, Any]] = {
-    "docker": {"network": True},
-    "singularity": {"network": True},
-    "modal": {"block_network": False},
-    "daytona": {"network_block_all": False},
-}
 
 
 def _read_script(path: str) -> str:
@@ -316,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--image",
         metavar="IMAGE",
-        help="image for a container backend (docker, singularity, modal, daytona); it needs "
-        "a python3 with its standard library",
+        help="the image of a backend that runs one (each says which of its settings this "
+        "is); it needs a python3 with its standard library",
     )
     run.add_argument(
         "--backend-option",
@@ -326,12 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a setting of the backend, over the config file's backends.NAME section "
-        "(e.g. -o host=build.example -o port=2222 for ssh); the value is read as YAML",
+        "(e.g. -o memory=2g -o cpus=2); the value is read by the "
+        "setting's type (none unsets; lists and mappings as YAML)",
     )
     run.add_argument(
         "--network",
         action="store_true",
-        help="give a sandbox network access (default: none, loopback only)",
+        help="give a sandbox network access, for a backend that can block it (default: "
+        "none, loopback only)",
     )
     run.add_argument(
         "--env",
@@ -412,26 +389,23 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
     limits = config.limits
     timeout = limits.timeout if args.timeout is None else args.timeout
     calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
-    python = config.backends.local.python if backend == "local" else None
-    backend_options = config.backends.settings(backend)
-    backend_options.update(_parse_backend_options(args.backend_option))
-    if args.image is not None:
-        backend_options["image"] = args.image
-    if args.network:
-        if backend not in NETWORK_OPTIONS:
-            raise UsageError(
-                f"--network: the {backend} backend has no network switch "
-                f"(it has for: {', '.join(NETWORK_OPTIONS)})"
-            )
-        backend_options.update(NETWORK_OPTIONS[backend])
+    # The backend's settings, built once: the config file's section, then -o, --image
+    # and --network, each refused with its place if it does not fit.
+    settings_class = get_settings_class(backend)
+    settings = settings_class.build(
+        [
+            config.backend_layer(backend),
+            *settings_class.parse_options(args.backend_option),
+            *settings_class.flag_layers(image=args.image, network=args.network),
+        ]
+    )
     return RunOptions(
-        backend=backend,
+        backend=settings,
         tools=_selected_tools(args, config),
         timeout=timeout,
         max_tool_calls=calls,
         cwd=config.cwd if args.cwd is None else args.cwd,
         env={**config.env, **_parse_env(args.env)},
-        python=os.path.expanduser(python) if python else None,
         max_stdout_bytes=limits.max_stdout_bytes,
         max_stderr_bytes=limits.max_stderr_bytes,
         max_spill_bytes=limits.max_spill_bytes,
@@ -439,7 +413,6 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         spill_dir=os.path.expanduser(config.spill_dir) if config.spill_dir else None,
         workspace_root=config.workspace_root,
         approval=_approval_policy(args, config),
-        backend_options=backend_options,
         transport=args.transport,
     )
 
@@ -481,9 +454,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     rows = []
     for name in BACKENDS:
         try:
-            cls = get_environment_class(name)
-            reason = cls.availability(config.backends.settings(name))
-        except BackendError as exc:
+            reason = config.backend_settings(name).availability()
+        except SandboxError as exc:  # settings that do not fit, a backend that cannot load
             reason = str(exc)
         rows.append({"backend": name, "available": reason is None, "reason": reason})
     if args.json:

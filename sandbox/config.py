@@ -20,9 +20,12 @@ keys are refused, so a typo does not silently do nothing, and so are values out 
       allowlist:              # dangerous commands allowed without asking
         - "rm -rf ./build"                      # this exact command
         - "re:systemctl restart (nginx|redis)"  # re: a regex a flagged part must match
-    backends:
+    backends:                 # each backend's settings (docs/backends.md)
       local:
         python: /usr/bin/python3
+      docker:
+        image: python:3.12-slim
+        memory: 2g
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Any
 
 import yaml
 
-from hermes_sandbox.environments import BACKENDS, BackendNotAvailable, get_environment_class
+from hermes_sandbox.environments import BACKENDS, BackendSettings, get_settings_class
+from hermes_sandbox.environments.settings import Place, config_place
 from hermes_sandbox.errors import ConfigError
 from hermes_sandbox.tools.approval import ALLOWLIST_REGEX_PREFIX
 
@@ -82,77 +86,6 @@ class ApprovalsConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class LocalBackendConfig:
-    python: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DockerBackendConfig:
-    """The docker backend's settings (environments.docker.DockerConfig); unset keys keep
-    its defaults. ``mounts`` entries are ``HOST:CONTAINER[:ro|rw]``."""
-
-    image: str | None = None
-    user: str | None = None
-    memory: str | None = None
-    cpus: float | None = None
-    pids_limit: int | None = None
-    network: bool | None = None
-    read_only_root: bool | None = None
-    tmp_size: str | None = None
-    workdir: str | None = None
-    workdir_size: str | None = None
-    mounts: list[str] | None = None
-    shared_dir: str | None = None  # "auto", "none" or a host path
-    persist: bool | None = None
-    docker_host: str | None = None
-    python: str | None = None
-
-    def settings(self) -> dict[str, Any]:
-        """The keys that were set, for the backend."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) is not None
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class BackendsConfig:
-    """One section per backend. ``local`` and ``docker`` are typed here; the others are
-    mappings handed to the backend, which checks them when the config is loaded (its
-    ``for_run`` refuses unknown keys and bad values)."""
-
-    local: LocalBackendConfig = field(default_factory=LocalBackendConfig)
-    docker: DockerBackendConfig = field(default_factory=DockerBackendConfig)
-    ssh: dict[str, Any] = field(default_factory=dict)
-    singularity: dict[str, Any] = field(default_factory=dict)
-    modal: dict[str, Any] = field(default_factory=dict)
-    daytona: dict[str, Any] = field(default_factory=dict)
-
-    def settings(self, backend: str) -> dict[str, Any]:
-        """The settings the config gives ``backend``, as its ``backend_options``."""
-        section = getattr(self, backend, None)
-        if section is None or backend == "local":
-            return {}
-        if isinstance(section, DockerBackendConfig):
-            return section.settings()
-        return dict(section)
-
-    def problems(self) -> Iterator[tuple[str, str]]:
-        for backend in ("ssh", "singularity", "modal", "daytona"):
-            section = getattr(self, backend)
-            if not section:
-                continue
-            try:
-                cls = get_environment_class(backend)
-                cls.for_run(section, env={}, kill_grace=2.0, task_id=None, python=None)
-            except BackendNotAvailable as exc:
-                yield backend, str(exc)
-            except (TypeError, ValueError) as exc:
-                yield backend, str(exc)
-
-
-@dataclass(frozen=True, slots=True)
 class Config:
     backend: str = "local"
     tools: list[str] | None = None
@@ -164,7 +97,9 @@ class Config:
     providers: dict[str, str] = field(default_factory=dict)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
-    backends: BackendsConfig = field(default_factory=BackendsConfig)
+    # One section per backend, ``backends.NAME``: the fields of its settings class
+    # (environments/settings.py), checked by that class when the file is read.
+    backends: dict[str, Any] = field(default_factory=dict)
     path: str | None = field(default=None, compare=False)  # where it was read from
 
     def problems(self) -> Iterator[tuple[str, str]]:
@@ -175,6 +110,21 @@ class Config:
             for name in getattr(self, section):
                 if not _VARIABLE_NAME.fullmatch(name):
                     yield f"{section}.{name}", "not a valid environment variable name"
+        for name, section in self.backends.items():
+            if name not in BACKENDS:
+                yield f"backends.{name}", f"unknown backend; known: {', '.join(BACKENDS)}"
+            elif section is not None and not isinstance(section, dict):
+                yield f"backends.{name}", f"expected a mapping, got {_describe(section)}"
+
+    def backend_layer(self, backend: str) -> tuple[dict[str, Any], Place]:
+        """The config file's section for ``backend`` as a settings layer, with its place
+        (``backends.NAME.FIELD in PATH``)."""
+        return dict(self.backends.get(backend) or {}), config_place(backend, self.path)
+
+    def backend_settings(self, backend: str) -> BackendSettings:
+        """The settings the config file gives ``backend`` (its defaults where it gives
+        none); raise SettingError naming the bad value and the file."""
+        return get_settings_class(backend).build([self.backend_layer(backend)])
 
     def apply_providers(self, environ: typing.MutableMapping[str, str] = os.environ) -> None:
         """Export provider settings to the host's environment, where tools read them;
@@ -219,7 +169,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
         _, item = typing.get_args(hint)
-        if item is Any:  # a backend's own section: the backend checks it
+        if item is Any:  # a backend's own section: its settings class checks it
             return {str(k): v for k, v in value.items()}
         return {str(k): _convert(v, str, f"{where}.{k}") for k, v in value.items()}
     if hint is str:
@@ -286,7 +236,10 @@ def parse_config(text: str, source: str = "config") -> Config:
         config = _build(Config, data, "")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-    return dataclasses.replace(config, path=source)
+    config = dataclasses.replace(config, path=source)
+    for backend in config.backends:
+        config.backend_settings(backend)  # a bad value is refused now, with its place
+    return config
 
 
 def load_config(path: str | None = None) -> Config:

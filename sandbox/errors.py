@@ -4,7 +4,9 @@
 
     SandboxError
     ├── ConfigError                  a setting that does not fit: a config file, ``-o KEY=VALUE``,
-    │                                a backend's settings; the message names its place
+    │   │                            a backend's settings; the message names its place
+    │   └── SettingError (ValueError)
+    │                                one backend setting refused (which one: ``field``)
     ├── RunError                     a run that cannot start as asked (bad tools, cwd, limits)
     ├── UsageError                   bad input on the command line
     ├── ToolsetError (ValueError)    a toolset that does not exist or cannot be used as asked
@@ -50,6 +52,23 @@ class SandboxError(Exception):
 
 class ConfigError(SandboxError):
     """A setting that cannot be used; the message says where it came from and why."""
+
+
+class SettingError(ConfigError, ValueError):
+    """A backend setting refused: ``field`` names it (None for the settings as a whole),
+    ``problem`` says why, and ``place`` where the value came from (a config file's
+    section, ``-o KEY=VALUE``, the settings class called in code)."""
+
+    def __init__(self, problem: str, *, field: str | None = None, place: str | None = None):
+        self.problem = problem
+        self.field = field
+        self.place = place
+        where = place or field
+        super().__init__(f"{where}: {problem}" if where else problem)
+
+    def placed(self, place: str) -> SettingError:
+        """The same refusal, said of ``place``."""
+        return SettingError(self.problem, field=self.field, place=place)
 
 
 class RunError(SandboxError):
@@ -165,6 +184,7 @@ __all__ = [
     "RelayError",
     "RunError",
     "SandboxError",
+    "SettingError",
     "SpawnNotAvailable",
     "StubError",
     "ToolError",

@@ -22,10 +22,13 @@ import anyio
 from hermes_sandbox.childenv import scrub_environment
 from hermes_sandbox.environments import (
     BackendError,
+    BackendSettings,
     Environment,
+    Runtime,
     SandboxProcess,
     get_environment_class,
 )
+from hermes_sandbox.environments.settings import api_place
 from hermes_sandbox.errors import RunError
 from hermes_sandbox.gate import ToolCallBudget, ToolGate
 from hermes_sandbox.hints import failure_hint
@@ -54,9 +57,14 @@ DRAIN_SECONDS = 2.0
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
-    """Everything that shapes one run. Defaults match Hermes's execute_code."""
+    """Everything that shapes one run. Defaults match Hermes's execute_code.
 
-    backend: str = "local"
+    ``backend`` is a backend's name (its settings then come from ``backend_options``,
+    a mapping of its fields) or its settings object, e.g. ``DockerSettings(image=...)``
+    (``backend_options`` then changes fields of it).
+    """
+
+    backend: str | BackendSettings = "local"
     tools: Sequence[str] | None = None
     timeout: float = 300.0
     max_tool_calls: int = 50
@@ -72,19 +80,41 @@ class RunOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
     transport: str = "auto"  # "auto", "unix", "relay" or "files" (sandbox/transports.py)
-    # The backend's own settings (image, limits, mounts... for docker): its config section.
+    # Fields of the backend's settings (image, limits, mounts... for docker), as plain data.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
     budget: ToolCallBudget | None = field(default=None, compare=False)
     approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
 
+    @property
+    def backend_name(self) -> str:
+        """The name of the backend the run uses."""
+        if isinstance(self.backend, BackendSettings):
+            return self.backend.backend
+        return self.backend
+
+    def backend_settings(self) -> BackendSettings:
+        """The run's backend settings, built once: the settings object given, or the
+        named backend's defaults, with ``backend_options`` over them. Raises
+        SettingError naming a bad value, BackendNotAvailable for an unknown name."""
+        layers = [(self.backend_options, api_place("backend_options"))]
+        if isinstance(self.backend, BackendSettings):
+            return self.backend.updated(layers) if self.backend_options else self.backend
+        cls = get_environment_class(self.backend).settings_class
+        return cls.build(layers)
+
     def validate(self) -> RunOptions:
+        if not isinstance(self.backend, str | BackendSettings):
+            raise RunError(
+                "backend must be a backend's name or its settings, such as "
+                f"DockerSettings(image=...); got {type(self.backend).__name__} {self.backend!r}"
+            )
         if not self.timeout > 0:
             raise RunError(f"timeout must be a positive number of seconds, got {self.timeout}")
         if self.max_tool_calls < 0:
             raise RunError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
         checked = self
-        if self.cwd is not None and self.backend == "local":
+        if self.cwd is not None and self.backend_name == "local":
             cwd = os.path.abspath(os.path.expanduser(self.cwd))
             if not os.path.isdir(cwd):
                 raise RunError(f"working directory does not exist or is not a directory: {cwd}")
@@ -199,24 +229,22 @@ async def _supervise(
     return ("success" if exit_code == 0 else "error"), exit_code
 
 
-async def _remove_stage(environment: Environment, stage: str) -> str | None:
+async def _remove_stage(runtime: Runtime, stage: str) -> str | None:
     """Remove the stage directory; what went wrong, if anything (a sandbox that went
     away mid-run takes its stage with it: the result, not an exception, says so)."""
     try:
-        await environment.remove_tree(stage)
+        await runtime.remove_tree(stage)
     except (BackendError, OSError) as exc:
         log.warning("could not remove the stage %s: %s", stage, exc)
         return str(exc)
     return None
 
 
-async def _stage(environment: Environment, stage: str, code: str, files: Mapping[str, str]) -> None:
+async def _stage(runtime: Runtime, stage: str, code: str, files: Mapping[str, str]) -> None:
     """Write the script and the runtime's files into the stage directory."""
-    await environment.write_bytes(
-        posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600
-    )
+    await runtime.write_bytes(posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600)
     for name, text in files.items():
-        await environment.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
+        await runtime.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
 
 
 def _make_environment(
@@ -225,18 +253,16 @@ def _make_environment(
     """The run's environment, and the variables its scripts start from: a backend that
     shares the host starts from the host's scrubbed environment, any other from only
     what the caller passed (the host's PATH or HOME mean nothing in a container)."""
-    cls = get_environment_class(options.backend)
+    cls = get_environment_class(options.backend_name)
+    settings = options.backend_settings()
     base_env = scrub_environment(os.environ if cls.shares_host else {}, explicit_env)
-    try:
-        environment = cls.for_run(
-            options.backend_options,
-            env=base_env,
-            kill_grace=options.kill_grace,
-            task_id=options.task_id,
-            python=options.python,
-        )
-    except (TypeError, ValueError) as exc:
-        raise RunError(f"bad settings for the {options.backend} backend: {exc}") from None
+    environment = cls.for_run(
+        settings,
+        env=base_env,
+        kill_grace=options.kill_grace,
+        task_id=options.task_id,
+        python=options.python,
+    )
     return environment, base_env
 
 
@@ -281,24 +307,22 @@ async def run_code(
     except TransportUnavailable as exc:
         raise RunError(str(exc)) from None
     try:
-        await environment.start()
+        runtime = await environment.start()
         try:
             try:
-                transport = choose_transport(options.transport, environment)
+                transport = choose_transport(options.transport, runtime)
             except TransportUnavailable as exc:
                 raise RunError(str(exc)) from None
-            parent = (
-                environment.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
-            )
-            stage = await environment.make_private_dir("hermes-sandbox-", parent=parent)
-            cwd = options.cwd or environment.default_cwd
+            parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
+            stage = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
+            cwd = options.cwd or runtime.default_cwd
             try:
-                if needs_relay(transport, environment):
+                if needs_relay(transport, runtime):
                     files = {**files, RELAY_MODULE: relay_source()}
-                await _stage(environment, stage, code, files)
+                await _stage(runtime, stage, code, files)
                 context = ToolContext(
                     task_id=options.task_id or uuid.uuid4().hex,
-                    environment=environment,
+                    environment=runtime,
                     cwd=cwd,
                     approval=options.approval,
                     workspace_root=options.workspace_root,
@@ -314,12 +338,12 @@ async def run_code(
                 }
                 script = Script(
                     stage=stage,
-                    argv=[environment.python, posixpath.join(stage, SCRIPT_NAME)],
+                    argv=[runtime.python, posixpath.join(stage, SCRIPT_NAME)],
                     env=child_env,
                     cwd=cwd,
                     marker=marker,
                 )
-                launch = TRANSPORTS[transport](environment, server, script)
+                launch = TRANSPORTS[transport](runtime, server, script)
                 try:
                     async with launch as process:
                         status, exit_code = await _supervise(
@@ -335,7 +359,7 @@ async def run_code(
                     raise RunError(str(exc)) from None
             finally:
                 with anyio.CancelScope(shield=True):
-                    cleanup_problem = await _remove_stage(environment, stage)
+                    cleanup_problem = await _remove_stage(runtime, stage)
         finally:
             with anyio.CancelScope(shield=True):
                 await environment.aclose()

@@ -16,7 +16,7 @@ transport.
   process's stdin and stdout.
 
 ``unix`` and ``files`` need the stage in the environment's
-:attr:`~environments.Environment.shared_directory`. They start the script with the
+:attr:`~environments.Runtime.shared_directory`. They start the script with the
 environment's own ``spawn`` where it has one, else under the relay with the relay
 carrying only the script's output and exit status (the calls go the shorter way).
 """
@@ -30,7 +30,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from hermes_sandbox.environments import Environment
+from hermes_sandbox.environments import Runtime
 from hermes_sandbox.errors import TransportUnavailable
 from hermes_sandbox.rpc import RPCServer, serve_unix_socket
 from hermes_sandbox.rpc.files import serve_files
@@ -56,10 +56,10 @@ class Script:
         return dataclasses.replace(self, env={**self.env, **extra})
 
 
-Launcher = Callable[[Environment, RPCServer, Script], AbstractAsyncContextManager[Any]]
+Launcher = Callable[[Runtime, RPCServer, Script], AbstractAsyncContextManager[Any]]
 
 
-def needs_relay(transport: str, environment: Environment) -> bool:
+def needs_relay(transport: str, environment: Runtime) -> bool:
     """Whether the run must stage the relay: it carries the calls, or it starts the
     script where the environment cannot spawn one itself."""
     return transport == "relay" or not environment.can_spawn
@@ -67,7 +67,7 @@ def needs_relay(transport: str, environment: Environment) -> bool:
 
 @asynccontextmanager
 async def _under_relay(
-    environment: Environment, server: RPCServer, script: Script, socket_path: str | None
+    environment: Runtime, server: RPCServer, script: Script, socket_path: str | None
 ) -> AsyncIterator[Any]:
     """The script started by the relay in the sandbox; with ``socket_path`` the relay
     listens there and carries the script's calls to ``server`` too."""
@@ -98,9 +98,7 @@ async def _under_relay(
 
 
 @asynccontextmanager
-async def _started(
-    environment: Environment, server: RPCServer, script: Script
-) -> AsyncIterator[Any]:
+async def _started(environment: Runtime, server: RPCServer, script: Script) -> AsyncIterator[Any]:
     """The script, started natively where the environment can, else by the relay
     (which then only starts and watches it: the calls take the other way)."""
     if environment.can_spawn:
@@ -116,7 +114,7 @@ async def _started(
 
 @asynccontextmanager
 async def launch_unix(
-    environment: Environment, server: RPCServer, script: Script
+    environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
     path = posixpath.join(script.stage, SOCKET_NAME)
     async with (
@@ -128,7 +126,7 @@ async def launch_unix(
 
 @asynccontextmanager
 async def launch_files(
-    environment: Environment, server: RPCServer, script: Script
+    environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
     # Made by the sandbox's user, who must write there (the host can, as its owner or
     # as root): the stage is in the shared directory, so the host sees it at this path.
@@ -142,7 +140,7 @@ async def launch_files(
 
 @asynccontextmanager
 async def launch_relay(
-    environment: Environment, server: RPCServer, script: Script
+    environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
     path = posixpath.join(script.stage, SOCKET_NAME)
     async with _under_relay(
@@ -168,7 +166,7 @@ def check_transport(requested: str) -> None:
         )
 
 
-def choose_transport(requested: str, environment: Environment) -> str:
+def choose_transport(requested: str, environment: Runtime) -> str:
     """The transport to use with a started environment: the one asked for, or for
     "auto" the fastest that works there (a Unix socket in a shared directory, else
     the relay)."""

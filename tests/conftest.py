@@ -32,7 +32,8 @@ from typing import Any
 import psutil
 import pytest
 
-import hermes_sandbox.environments.docker as docker_backend
+import hermes_sandbox.environments.docker.environment as docker_backend
+import hermes_sandbox.environments.docker.settings as docker_settings
 from hermes_sandbox import ExecutionResult, execute_code
 from hermes_sandbox.environments.local import MARKER_VAR
 
@@ -290,10 +291,10 @@ def engine_problem() -> str | None:
     """Why the container engine tests cannot run here, or None."""
     if docker is None:
         return "the docker SDK is not installed (pip install 'hermes-sandbox[docker]')"
-    host = os.environ.get("DOCKER_HOST") or docker_backend.DEFAULT_DOCKER_SOCKET
+    host = os.environ.get("DOCKER_HOST") or docker_settings.DEFAULT_DOCKER_SOCKET
     try:
         if host.startswith("unix://"):  # the SDK leaks its socket when this fails
-            docker_backend._probe_unix_socket(host[len("unix://") :])
+            docker_settings.probe_unix_socket(host[len("unix://") :])
         client = docker.from_env()
     except (OSError, docker.errors.DockerException) as exc:
         return (

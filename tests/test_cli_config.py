@@ -217,6 +217,33 @@ def test_local_python_from_the_config(tmp_path):
     assert record.read_text().strip().endswith("script.py")
 
 
+def test_local_python_from_the_command_line(tmp_path):
+    """-o python=... for the local backend, as docs/backends.md says."""
+    record = tmp_path / "argv.txt"
+    stand_in = tmp_path / "stand-in-python"
+    stand_in.write_text(
+        f'#!/bin/sh\nprintf \'%s\\n\' "$@" > {record}\nexec {sys.executable} "$@"\n'
+    )
+    stand_in.chmod(0o755)
+    (tmp_path / "script.py").write_text("print('through the stand-in')\n")
+    done = cli("run", "script.py", "-o", f"python={stand_in}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "through the stand-in\n"
+    assert record.read_text().strip().endswith("script.py")
+
+
+def test_a_bad_backend_value_names_its_place(tmp_path):
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    done = cli("run", "script.py", "--backend", "docker", "-o", "cpus=abc", cwd=tmp_path)
+    assert_usage_error(done, "-o cpus=abc: expected a number, got 'abc'")
+    config = write_config(default_config(tmp_path), {"backends": {"docker": {"memory": "lots"}}})
+    done = cli("run", "script.py", cwd=tmp_path)
+    assert_usage_error(done, f"backends.docker.memory in {config}: must be a size")
+    write_config(default_config(tmp_path), {})
+    done = cli("run", "script.py", "--image", "python:3.12-slim", cwd=tmp_path)
+    assert_usage_error(done, "--image: the local backend runs no image")
+
+
 def test_config_shapes_the_stub(tmp_path):
     write_config(default_config(tmp_path), {"tools": ["write_file"]})
     done = cli("stub", cwd=tmp_path)

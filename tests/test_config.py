@@ -15,6 +15,7 @@ from hermes_sandbox.config import (
     load_config,
     parse_config,
 )
+from hermes_sandbox.errors import SettingError
 
 
 def test_empty_file_gives_defaults():
@@ -41,7 +42,7 @@ def test_full_example_parses_into_typed_values():
     assert config.limits == LimitsConfig(timeout=5.0, max_tool_calls=7)
     assert isinstance(config.limits.timeout, float)
     assert config.approvals.allowlist == ["rm -rf ./build"]
-    assert config.backends.local.python == "/usr/bin/python3"
+    assert config.backend_settings("local").python == "/usr/bin/python3"
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,8 @@ def test_full_example_parses_into_typed_values():
         ("tools: 3", "tools: expected a list"),
         ("env: [a, b]", "env: expected a mapping"),
         ("- just a list", "top level must be a mapping"),
-        ("backends: {local: {pyton: x}}", "backends.local: unknown setting pyton"),
+        ("backends: {dockr: {}}", "backends.dockr: unknown backend"),
+        ("backends: {docker: [a]}", "backends.docker: expected a mapping"),
         ("limits: [", "not valid YAML, line 1, column 10"),
         ("limits: {timeout: 0}", "limits.timeout: must be more than 0"),
         ("limits: {max_stdout_bytes: -1}", "limits.max_stdout_bytes: must be 0 or more"),
@@ -76,6 +78,24 @@ def test_bad_settings_are_refused_with_their_place(text, message):
     assert str(info.value).startswith("my.yaml: ")
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("backends: {local: {pyton: x}}", "backends.local in my.yaml: unknown local backend"),
+        ("backends: {docker: {memory: lots}}", "backends.docker.memory in my.yaml: must be a size"),
+        ("backends: {docker: {cpus: abc}}", "backends.docker.cpus in my.yaml: expected a number"),
+        ("backends: {docker: {network: maybe}}", "backends.docker.network in my.yaml: expected"),
+        ("backends: {ssh: {port: 22}}", "backends.ssh in my.yaml: the ssh backend needs a host"),
+        ("backends: {daytona: {api_key: k}}", "backends.daytona.api_key in my.yaml: api_key is"),
+    ],
+)
+def test_a_backend_section_is_checked_by_its_settings_class(text, message):
+    with pytest.raises(SettingError) as info:
+        parse_config(text, "my.yaml")
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, ConfigError) and isinstance(info.value, ValueError)
 
 
 def test_lookup_order(tmp_path, monkeypatch):

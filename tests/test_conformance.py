@@ -42,7 +42,7 @@ from conftest import (
 
 from hermes_sandbox import ExecutionResult, execute_code
 from hermes_sandbox.environments import Environment
-from hermes_sandbox.environments.docker import DockerConfig, DockerEnvironment
+from hermes_sandbox.environments.docker import DockerEnvironment, DockerSettings
 from hermes_sandbox.environments.local import LocalEnvironment
 from hermes_sandbox.environments.singularity import SingularityEnvironment
 from hermes_sandbox.environments.ssh import SSHEnvironment
@@ -68,6 +68,9 @@ TARGETS = [
     # the installed SDK's signatures).
     ("modal", "relay"),
     ("daytona", "relay"),
+    # The fake backend the package ships for its users' tests (environments/testing.py):
+    # a temporary directory reached through local subprocesses.
+    ("fake", "relay"),
 ]
 
 # Python run inside the target: which of the pids in argv still run (not zombies).
@@ -136,7 +139,7 @@ def held_docker(portal: Any) -> Iterator[tuple[Environment, dict[str, Any]]]:
     require(engine_problem(), "the docker conformance runs need a container engine")
     task_id = f"conformance-{RUN_ID}"
     settings = {"image": IMAGE, "labels": {TEST_LABEL: RUN_ID}}
-    environment = DockerEnvironment(DockerConfig(task_id=task_id, **settings))
+    environment = DockerEnvironment(DockerSettings(task_id=task_id, **settings))
     portal.call(environment.start)
     yield environment, {"task_id": task_id, "backend_options": settings}
     portal.call(environment.aclose)
@@ -206,7 +209,7 @@ def held_modal(
     local environment checks on them."""
     from fakes.modal_fake import FakeModal
 
-    import hermes_sandbox.environments.modal as modal_backend
+    import hermes_sandbox.environments.modal.environment as modal_backend
 
     world = FakeModal(str(tmp_path / "modal-home"))
     monkeypatch.setattr(modal_backend, "_sdk", world)
@@ -228,7 +231,7 @@ def held_daytona(
     """The fake daytona SDK in place (sandboxes are local processes, as for modal)."""
     from fakes.daytona_fake import FakeDaytonaCloud
 
-    import hermes_sandbox.environments.daytona as daytona_backend
+    import hermes_sandbox.environments.daytona.environment as daytona_backend
 
     cloud = FakeDaytonaCloud(tmp_path / "cloud")
     monkeypatch.setattr(daytona_backend, "_sdk", cloud.sdk())
@@ -238,6 +241,15 @@ def held_daytona(
         assert cloud.live() == [], "a daytona sandbox outlived its run"
     finally:
         cloud.close()
+
+
+@pytest.fixture
+def held_fake(held_local: Environment) -> Iterator[tuple[Environment, dict[str, Any]]]:
+    """The fake backend's sandboxes are this machine's processes: the local
+    environment checks on them."""
+    import hermes_sandbox.environments.testing  # noqa: F401 - puts "fake" in the table
+
+    yield held_local, {}
 
 
 @pytest.fixture(params=TARGETS, ids=[f"{b}-{t}" for b, t in TARGETS])
@@ -422,5 +434,5 @@ def test_tools_act_where_the_script_runs(target: Target) -> None:
     assert seen == {"script": "made by a tool", "shell": "made by a tool"}
     if target.backend == "docker":
         assert not on_host, "a tool in a container wrote on the host"
-    if target.backend in ("modal", "daytona"):
+    if target.backend in ("modal", "daytona", "fake"):
         assert on_host  # the fakes' sandboxes are this machine: the stand-in's limit

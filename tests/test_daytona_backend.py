@@ -45,7 +45,7 @@ import psutil
 import pytest
 from conftest import removing_stages_of_vanished_fake_sandboxes
 
-import hermes_sandbox.environments.daytona as daytona_backend
+import hermes_sandbox.environments.daytona.environment as daytona_backend
 from hermes_sandbox import ExecutionResult, RunError, environments, execute_code
 from hermes_sandbox.environments import (
     BackendNotAvailable,
@@ -426,10 +426,10 @@ def test_a_call_that_does_not_fit_the_sdk_fails_the_check() -> None:
         ({"image": "a", "snapshot": "b"}, "image or snapshot"),
         ({"cpu": 2}, "only to a sandbox made from an image"),
         ({"image": "a", "memory": 0}, "memory must be a whole number"),
-        ({"image": "a", "disk": 1.5}, "disk must be a whole number"),
+        ({"image": "a", "disk": 1.5}, "disk=1.5.: expected a whole number"),
         ({"auto_stop_interval": -1}, "auto_stop_interval"),
-        ({"network_block_all": "no"}, "network_block_all must be true or false"),
-        ({"persist": 1}, "persist must be true or false"),
+        ({"network_block_all": "no"}, "network_block_all='no'.: expected true or false"),
+        ({"persist": 1}, "persist=1.: expected true or false"),
         ({"workdir": "relative"}, "absolute"),
         ({"labels": {"hermes-sandbox.task": "x"}}, "reserved"),
         ({"create_timeout": 0}, "create_timeout"),

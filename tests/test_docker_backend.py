@@ -34,7 +34,8 @@ import anyio.abc
 import pytest
 from conftest import IMAGE, RUN_ID, TEST_LABEL
 
-import hermes_sandbox.environments.docker as docker_backend
+import hermes_sandbox.environments.docker.environment as docker_backend
+import hermes_sandbox.environments.docker.stream as docker_stream
 from hermes_sandbox.environments import (
     BackendNotAvailable,
     EnvironmentFailure,
@@ -45,8 +46,8 @@ from hermes_sandbox.environments.docker import (
     LABEL_MANAGED,
     LABEL_PERSIST,
     LABEL_TASK,
-    DockerConfig,
     DockerEnvironment,
+    DockerSettings,
     Mount,
     owner_labels,
     reap_orphaned_containers,
@@ -73,9 +74,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def make_config(**changes: Any) -> DockerConfig:
+def make_config(**changes: Any) -> DockerSettings:
     labels = {TEST_LABEL: RUN_ID, **changes.pop("labels", {})}
-    return DockerConfig(**{"image": IMAGE, "labels": labels, **changes})
+    return DockerSettings(**{"image": IMAGE, "labels": labels, **changes})
 
 
 def container_exists(client: Any, container_id: str) -> bool:
@@ -614,7 +615,7 @@ async def test_an_unreachable_engine_is_not_available(tmp_path: Path) -> None:
     if docker is None:
         pytest.skip("the docker SDK is not installed")
     host = f"unix://{tmp_path}/no-engine.sock"
-    environment = DockerEnvironment(DockerConfig(image=IMAGE, docker_host=host))
+    environment = DockerEnvironment(DockerSettings(image=IMAGE, docker_host=host))
     with pytest.raises(BackendNotAvailable) as caught:
         await environment.start()
     assert host in str(caught.value)
@@ -655,16 +656,16 @@ def frame(stream: int, payload: bytes) -> bytes:
 def test_frames_split_anywhere_are_reassembled() -> None:
     wire = frame(1, b"hello ") + frame(2, b"oops") + frame(1, b"") + frame(1, b"world")
     for cut in range(1, len(wire)):
-        demux = docker_backend._FrameDemux()
+        demux = docker_stream._FrameDemux()
         pieces = demux.feed(wire[:cut]) + demux.feed(wire[cut:])
         assert b"".join(p for s, p in pieces if s == 1) == b"hello world"
         assert b"".join(p for s, p in pieces if s == 2) == b"oops"
         assert not demux.mid_frame
-    demux = docker_backend._FrameDemux()
+    demux = docker_stream._FrameDemux()
     demux.feed(wire[:3])
     assert demux.mid_frame
     with pytest.raises(ValueError, match="not a multiplexed"):
-        docker_backend._FrameDemux().feed(b"HTTP/1.1 200 OK\r\n")
+        docker_stream._FrameDemux().feed(b"HTTP/1.1 200 OK\r\n")
 
 
 class ScriptedTransport(anyio.abc.ByteStream):
@@ -737,20 +738,20 @@ def test_the_backend_is_registered() -> None:
 
 
 def test_config_refuses_unknown_keys_and_bad_values() -> None:
-    config = DockerConfig.from_mapping(
+    config = DockerSettings.from_mapping(
         {"image": "x:1", "memory": "2g", "mounts": ["/src:/dst", "/a:/b:rw"], "cpus": 0.5}
     )
     assert config.mounts == (Mount("/src", "/dst", True), Mount("/a", "/b", False))
     with pytest.raises(ValueError, match=r"unknown docker backend setting.*memroy"):
-        DockerConfig.from_mapping({"memroy": "1g"})
+        DockerSettings.from_mapping({"memroy": "1g"})
     with pytest.raises(ValueError, match="memory"):
-        DockerConfig(memory="lots")
+        DockerSettings(memory="lots")
     with pytest.raises(ValueError, match="cpus"):
-        DockerConfig(cpus=0)
+        DockerSettings(cpus=0)
     with pytest.raises(ValueError, match="reserved"):
-        DockerConfig(labels={"hermes-sandbox.task": "x"})
+        DockerSettings(labels={"hermes-sandbox.task": "x"})
     with pytest.raises(ValueError, match="absolute"):
-        DockerConfig(workdir="relative")
+        DockerSettings(workdir="relative")
     with pytest.raises(ValueError, match="SOURCE:TARGET"):
         Mount.parse("just-one-part")
 
@@ -758,22 +759,22 @@ def test_config_refuses_unknown_keys_and_bad_values() -> None:
 def test_config_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HERMES_SANDBOX_DOCKER_IMAGE", raising=False)
     monkeypatch.setenv("DOCKER_HOST", "unix:///somewhere.sock")
-    config = DockerConfig()
+    config = DockerSettings()
     assert config.image == "python:3.11-slim"
     assert config.docker_host == "unix:///somewhere.sock"
     assert (config.network, config.read_only_root, config.pids_limit) == (False, True, 256)
     monkeypatch.setenv("HERMES_SANDBOX_DOCKER_IMAGE", "mine:latest")
-    assert DockerConfig().image == "mine:latest"
+    assert DockerSettings().image == "mine:latest"
     # The hash covers what the container is made from, not how it is reached.
-    assert config.creation_hash("sha256:abc") == DockerConfig(
+    assert config.creation_hash("sha256:abc") == DockerSettings(
         image="other", docker_host=None, python="python3.12"
     ).creation_hash("abc")
-    assert config.creation_hash("abc") != DockerConfig(memory="2g").creation_hash("abc")
+    assert config.creation_hash("abc") != DockerSettings(memory="2g").creation_hash("abc")
 
 
 @pytest.mark.anyio
 async def test_spawn_is_not_available_yet() -> None:
-    environment = DockerEnvironment(DockerConfig(image=IMAGE))
+    environment = DockerEnvironment(DockerSettings(image=IMAGE))
     with pytest.raises(SpawnNotAvailable) as caught:
         await environment.spawn(["true"], env={})
     assert isinstance(caught.value, NotImplementedError)
@@ -1059,7 +1060,7 @@ async def test_the_reaper_removes_shared_dirs_no_container_uses(engine: Any) -> 
         docker_backend._make_shared_dir, None, "unix:///somewhere/else.sock"
     )
     young = await anyio.to_thread.run_sync(
-        docker_backend._make_shared_dir, None, docker_backend._engine_address(None)
+        docker_backend._make_shared_dir, None, docker_backend.engine_address(None)
     )
     old = time.time() - 3600
     for path in (private, os.path.dirname(other)):

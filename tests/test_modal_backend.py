@@ -62,15 +62,15 @@ from fakes.modal_fake import (
     wait_until,
 )
 
-import hermes_sandbox.environments.modal as modal_backend
-from hermes_sandbox import ExecutionResult, execute_code
+import hermes_sandbox.environments.modal.environment as modal_backend
+from hermes_sandbox import ExecutionResult, SettingError, execute_code
 from hermes_sandbox.environments import (
     BackendNotAvailable,
     EnvironmentFailure,
     get_environment_class,
 )
 from hermes_sandbox.environments.errors import SpawnNotAvailable
-from hermes_sandbox.environments.modal import ModalConfig, ModalEnvironment, SandboxGone
+from hermes_sandbox.environments.modal import ModalEnvironment, ModalSettings, SandboxGone
 from hermes_sandbox.rpc.relay import LOST_EXIT_CODE
 
 pytestmark = pytest.mark.not_live
@@ -433,17 +433,17 @@ def test_the_backend_is_registered() -> None:
 
 def test_config_refuses_unknown_keys_and_bad_values() -> None:
     with pytest.raises(ValueError, match=r"unknown modal backend setting.*gpus") as caught:
-        ModalConfig.from_mapping({"gpus": 1})
+        ModalSettings.from_mapping({"gpus": 1})
     assert "block_network" in str(caught.value)  # the known keys are listed
     bad: list[tuple[dict[str, Any], str]] = [
         ({"cpu": 0}, "cpu must be a number > 0"),
-        ({"cpu": "two"}, "cpu must be a number"),
-        ({"memory": 1.5}, "memory .MiB. must be a whole number"),
+        ({"cpu": "two"}, r"ModalSettings\(cpu='two'\): expected a number"),
+        ({"memory": 1.5}, r"memory=1.5\): expected a whole number"),
         ({"memory": True}, "memory"),
         ({"timeout": 0}, "timeout"),
         ({"timeout": 10**6}, "at most 86400"),
         ({"idle_timeout": -1}, "idle_timeout"),
-        ({"block_network": "no"}, "block_network must be true or false"),
+        ({"block_network": "no"}, "block_network='no'.: expected true or false"),
         ({"persist": True}, "persist needs a sandbox_name"),
         ({"sandbox_name": "has space"}, "sandbox_name may hold only"),
         ({"app_name": ""}, "app_name must be a non-empty string"),
@@ -451,11 +451,11 @@ def test_config_refuses_unknown_keys_and_bad_values() -> None:
     ]
     for data, message in bad:
         with pytest.raises(ValueError, match=message):
-            ModalConfig.from_mapping(data)
+            ModalSettings.from_mapping(data)
 
 
 def test_config_defaults_and_settings_from_a_run() -> None:
-    config = ModalConfig()
+    config = ModalSettings()
     assert config.block_network is True and config.persist is False
     assert config.image == "python:3.11-slim" and config.python == "python3"
     assert config.sandbox_name is None and config.timeout == 900
@@ -466,8 +466,8 @@ def test_config_defaults_and_settings_from_a_run() -> None:
         task_id="t",
         python="/opt/py/bin/python3",
     )
-    assert env.python == "/opt/py/bin/python3" and env.config.image == "my/img:1"
-    assert env.config.region == ("eu-west",)
+    assert env.python == "/opt/py/bin/python3" and env.settings.image == "my/img:1"
+    assert env.settings.region == ("eu-west",)
     assert env.default_cwd == "/workspace" and env.shared_directory is None
 
 
@@ -478,9 +478,9 @@ def test_the_module_imports_without_modal_and_says_what_to_install() -> None:
         sys.modules["modal"] = None  # as if not installed
         import anyio
         from hermes_sandbox.environments import BackendNotAvailable
-        from hermes_sandbox.environments.modal import ModalConfig, ModalEnvironment
+        from hermes_sandbox.environments.modal import ModalSettings, ModalEnvironment
         from hermes_sandbox import execute_code
-        env = ModalEnvironment(ModalConfig(sandbox_name="x"))
+        env = ModalEnvironment(ModalSettings(sandbox_name="x"))
         try:
             anyio.run(env.start)
         except BackendNotAvailable as exc:
@@ -489,7 +489,7 @@ def test_the_module_imports_without_modal_and_says_what_to_install() -> None:
             execute_code("print(1)", backend="modal")
         except BackendNotAvailable as exc:
             print("run:", exc)
-        print("availability:", ModalEnvironment.availability({}))
+        print("availability:", ModalSettings().availability())
         """
     )
     result = subprocess.run(
@@ -873,12 +873,11 @@ async def test_missing_credentials_are_named(fake: FakeModal, options: dict[str,
 def test_availability_needs_no_sandbox_and_names_what_is_missing(
     fake: FakeModal, options: dict[str, Any]
 ) -> None:
-    assert ModalEnvironment.availability(options) is None
-    assert "bad settings: unknown modal backend setting(s): gpus" in str(
-        ModalEnvironment.availability({"gpus": 1})
-    )
+    assert ModalSettings.from_mapping(options).availability() is None
+    with pytest.raises(SettingError, match="unknown modal backend setting gpus"):
+        ModalSettings.from_mapping({"gpus": 1})
     fake.settings = {}
-    assert "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET" in str(ModalEnvironment.availability({}))
+    assert "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET" in str(ModalSettings().availability())
     assert not fake.calls_named("modal.App.lookup.aio") and not fake.sandboxes
 
 

@@ -36,21 +36,20 @@ import anyio
 import psutil
 import pytest
 
-from hermes_sandbox import execute_code
+from hermes_sandbox import SettingError, execute_code
 from hermes_sandbox.api import execute_code_async
 from hermes_sandbox.environments import (
     BackendNotAvailable,
     EnvironmentFailure,
     get_environment_class,
 )
-from hermes_sandbox.environments.helper import HELPER_SOURCE
+from hermes_sandbox.environments.exec_stream import HELPER_SOURCE
 from hermes_sandbox.environments.singularity import (
     IMAGE_VAR,
     Bind,
-    SingularityConfig,
     SingularityEnvironment,
+    SingularitySettings,
 )
-from hermes_sandbox.runner import RunError
 
 pytestmark = pytest.mark.not_live
 
@@ -203,7 +202,7 @@ def short_dir() -> Iterator[Path]:
 def make_env(fake: FakeCLI, **settings: Any) -> SingularityEnvironment:
     env = settings.pop("env", None)
     settings.setdefault("image", str(fake.image))
-    return SingularityEnvironment(SingularityConfig(**settings), env=env, kill_grace=0.5)
+    return SingularityEnvironment(SingularitySettings(**settings), env=env, kill_grace=0.5)
 
 
 def wait_for_pids(path: Path, count: int, timeout: float = 10.0) -> list[int]:
@@ -233,24 +232,26 @@ def assert_gone(pids: list[int], what: str) -> None:
 
 
 def test_unknown_settings_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"unknown singularity backend setting\(s\): imge;"):
-        SingularityConfig.from_mapping({"image": "/x.sif", "imge": "typo"})
+    with pytest.raises(ValueError, match=r"unknown singularity backend setting imge;"):
+        SingularitySettings.from_mapping({"image": "/x.sif", "imge": "typo"})
     with pytest.raises(ValueError, match=r"known: .*binds.*shared_dir"):
-        SingularityConfig.from_mapping({"image": "/x.sif", "mounts": []})
+        SingularitySettings.from_mapping({"image": "/x.sif", "mounts": []})
 
 
 def test_an_image_is_required_and_may_come_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(IMAGE_VAR, raising=False)
-    with pytest.raises(ValueError, match="needs an image: set `image` to a SIF file"):
-        SingularityConfig()
+    with pytest.raises(
+        ValueError, match="needs an image that apptainer can run: set image to a SIF file"
+    ):
+        SingularitySettings()
     monkeypatch.setenv(IMAGE_VAR, "docker://python:3.11-slim")
-    assert SingularityConfig().image == "docker://python:3.11-slim"
+    assert SingularitySettings().image == "docker://python:3.11-slim"
 
 
 def test_binds_parse_like_the_docker_backends_mounts() -> None:
-    config = SingularityConfig(
+    config = SingularitySettings(
         image="/x.sif",
         binds=[
             "/srv/data:/data",
@@ -271,7 +272,7 @@ def test_binds_parse_like_the_docker_backends_mounts() -> None:
         "/a:/b:rw",
         "/c:/d:ro",
     ]
-    assert SingularityConfig(image="/x.sif", binds="/e:/f").binds == (Bind("/e", "/f"),)
+    assert SingularitySettings(image="/x.sif", binds="/e:/f").binds == (Bind("/e", "/f"),)
     for bad, message in [
         ("/only-one", "SOURCE:TARGET"),
         ("/a:/b:rx", "SOURCE:TARGET"),
@@ -281,26 +282,26 @@ def test_binds_parse_like_the_docker_backends_mounts() -> None:
         (42, "a bind is a"),
     ]:
         with pytest.raises(ValueError, match=message):
-            SingularityConfig(image="/x.sif", binds=[bad])
+            SingularitySettings(image="/x.sif", binds=[bad])
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"memory": "lots"}, "memory must be a size"),
-        ({"cpus": 0}, "cpus must be at least 0.01"),
-        ({"cpus": "many"}, "cpus must be a number"),
-        ({"pids_limit": 0}, "pids_limit must be >= 1"),
-        ({"workdir": "work"}, "workdir must be an absolute path"),
-        ({"overlay": "ov.img"}, "overlay must be an absolute path"),
+        ({"memory": "lots"}, r"\(memory='lots'\): must be a size"),
+        ({"cpus": 0}, r"\(cpus=0.0\): must be at least 0.01"),
+        ({"cpus": "many"}, r"\(cpus='many'\): expected a number"),
+        ({"pids_limit": 0}, r"\(pids_limit=0\): must be >= 1"),
+        ({"workdir": "work"}, r"\(workdir='work'\): must be an absolute path"),
+        ({"overlay": "ov.img"}, r"\(overlay='ov.img'\): must be an absolute path"),
         ({"shared_dir": "/tmp/" + "x" * 60}, "Unix socket path inside it would not fit"),
-        ({"start_timeout": 0}, "start_timeout must be > 0"),
-        ({"executable": ""}, "executable must be a command name"),
+        ({"start_timeout": 0}, r"\(start_timeout=0.0\): must be > 0"),
+        ({"executable": ""}, r"\(executable=''\): must be a command name"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SingularityConfig(image="/x.sif", **settings)
+        SingularitySettings(image="/x.sif", **settings)
 
 
 def test_for_run_takes_the_runs_task_python_and_settings() -> None:
@@ -314,15 +315,15 @@ def test_for_run_takes_the_runs_task_python_and_settings() -> None:
         python="/usr/bin/python3",
     )
     assert isinstance(env, SingularityEnvironment)
-    assert env.config.task_id == "task-7" and env.config.memory == "1g"
+    assert env.settings.task_id == "task-7" and env.settings.memory == "1g"
     assert env.python == "/usr/bin/python3" and env.kill_grace == 0.25
     assert env.task_key.startswith("hermes-task-7-")
     with pytest.raises(ValueError, match="unknown singularity backend setting"):
         cls.for_run({"image": "/x.sif", "nope": 1}, env={}, kill_grace=1, task_id=None, python=None)
 
 
-def test_bad_backend_options_are_a_run_error(cli: FakeCLI) -> None:
-    with pytest.raises(RunError, match="bad settings for the singularity backend: memory"):
+def test_bad_backend_options_are_refused_with_their_place(cli: FakeCLI) -> None:
+    with pytest.raises(SettingError, match=r"backend_options\['memory'\]: must be a size"):
         execute_code(
             "print(1)", backend="singularity", backend_options={"image": "/x", "memory": "?"}
         )
@@ -475,7 +476,7 @@ async def test_a_missing_executable_says_what_to_install(
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    env = SingularityEnvironment(SingularityConfig(image="/x.sif"))
+    env = SingularityEnvironment(SingularitySettings(image="/x.sif"))
     with pytest.raises(BackendNotAvailable) as caught:
         await env.start()
     message = str(caught.value)
@@ -485,7 +486,7 @@ async def test_a_missing_executable_says_what_to_install(
     await env.aclose()
 
     env = SingularityEnvironment(
-        SingularityConfig(image="/x.sif", executable=str(tmp_path / "no" / "apptainer"))
+        SingularitySettings(image="/x.sif", executable=str(tmp_path / "no" / "apptainer"))
     )
     with pytest.raises(BackendNotAvailable, match=r"executable '.*/no/apptainer' was not found"):
         await env.start()
@@ -601,10 +602,10 @@ REAPER_VICTIM = """
 import os, signal, sys
 import anyio
 sys.path.insert(0, {repo!r})
-from hermes_sandbox.environments.singularity import SingularityConfig, SingularityEnvironment
+from hermes_sandbox.environments.singularity import SingularitySettings, SingularityEnvironment
 
 async def main():
-    env = SingularityEnvironment(SingularityConfig(image={image!r}, shared_dir={shared!r}))
+    env = SingularityEnvironment(SingularitySettings(image={image!r}, shared_dir={shared!r}))
     await env.start()
     print(env.instance_name, env.shared_directory, flush=True)
     if {die}:

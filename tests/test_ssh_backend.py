@@ -38,8 +38,8 @@ import psutil
 import pytest
 from conftest import ssh_server_from_environment, ssh_server_from_service
 
-import hermes_sandbox.environments.ssh as ssh_backend
-from hermes_sandbox import execute_code, execute_code_async
+import hermes_sandbox.environments.ssh.connection as ssh_connection
+from hermes_sandbox import SettingError, execute_code, execute_code_async
 from hermes_sandbox.environments import (
     BackendNotAvailable,
     EnvironmentFailure,
@@ -47,8 +47,8 @@ from hermes_sandbox.environments import (
 )
 from hermes_sandbox.environments.errors import SpawnNotAvailable
 from hermes_sandbox.environments.ssh import (
-    SSHConfig,
     SSHEnvironment,
+    SSHSettings,
     close_pooled_connections,
     pool_stats,
 )
@@ -97,8 +97,8 @@ class Server:
             **changes,
         }
 
-    def config(self, **changes: Any) -> SSHConfig:
-        return SSHConfig.from_mapping(self.options(**changes))
+    def config(self, **changes: Any) -> SSHSettings:
+        return SSHSettings.from_mapping(self.options(**changes))
 
     def accepted_ports(self) -> list[int]:
         """Client ports of every login sshd has logged so far."""
@@ -211,7 +211,7 @@ def server_processes(port: int) -> list[psutil.Process]:
     return found
 
 
-def kill_connection(config: SSHConfig) -> list[int]:
+def kill_connection(config: SSHSettings) -> list[int]:
     """Kill (SIGKILL) the sshd processes serving the pooled connection of ``config``,
     as a server crash would; their pids."""
     ports = pool_stats(config).local_ports
@@ -274,7 +274,7 @@ def shared_tmp(server: Server) -> Path:
 
 def test_config_refuses_unknown_keys_and_names_the_known_ones() -> None:
     with pytest.raises(ValueError) as caught:
-        SSHConfig.from_mapping({"host": "h", "hots": "x", "keyfile": "k"})
+        SSHSettings.from_mapping({"host": "h", "hots": "x", "keyfile": "k"})
     message = str(caught.value)
     assert "hots, keyfile" in message
     for known in ("host", "port", "user", "key_file", "known_hosts", "accept_new_host_keys"):
@@ -285,22 +285,22 @@ def test_config_refuses_unknown_keys_and_names_the_known_ones() -> None:
     ("settings", "words"),
     [
         ({}, "needs a host"),
-        ({"host": "h", "port": 0}, "port must be between"),
-        ({"host": "h", "port": "22"}, "port must be an integer"),
+        ({"host": "h", "port": 0}, r"\(port=0\): must be between"),
+        ({"host": "h", "port": "22"}, r"\(port='22'\): expected a whole number"),
         ({"host": "h", "workdir": "relative"}, "absolute"),
         ({"host": "h", "connect_timeout": 0}, "connect_timeout"),
         ({"host": "h", "max_sessions": 0}, "max_sessions"),
         ({"host": "h", "accept_new_host_keys": "yes"}, "true or false"),
-        ({"host": ""}, "host must be"),
+        ({"host": ""}, r"\(host=''\): must not be empty"),
     ],
 )
 def test_config_refuses_bad_values(settings: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        SSHConfig.from_mapping(settings)
+        SSHSettings.from_mapping(settings)
 
 
 def test_defaults_are_the_safe_ones() -> None:
-    config = SSHConfig(host="h")
+    config = SSHSettings(host="h")
     assert config.port == 22
     assert config.accept_new_host_keys is False
     assert config.known_hosts == "~/.ssh/known_hosts"
@@ -325,15 +325,13 @@ def test_backend_is_registered_and_for_run_takes_settings() -> None:
         cls.for_run({"host": "h", "image": "x"}, env={}, kill_grace=1, task_id=None, python=None)
 
 
-def test_bad_backend_options_are_a_run_error() -> None:
-    from hermes_sandbox.runner import RunError
-
-    with pytest.raises(RunError, match="unknown ssh backend setting"):
+def test_bad_backend_options_are_refused_with_their_place() -> None:
+    with pytest.raises(SettingError, match="backend_options: unknown ssh backend setting nope"):
         execute_code("print(1)", backend="ssh", backend_options={"host": "h", "nope": 1})
 
 
 def test_command_line_quotes_every_word_and_refuses_bad_names() -> None:
-    env = SSHEnvironment(SSHConfig(host="h"))
+    env = SSHEnvironment(SSHSettings(host="h"))
     line = env.command_line(["python3", "a b", "$(x)"], env={"A": "1 2"}, cwd="/t m")
     assert line == "cd '/t m' && exec env A='1 2' python3 'a b' '$(x)'"
     with pytest.raises(ValueError, match="variable names"):
@@ -342,9 +340,9 @@ def test_command_line_quotes_every_word_and_refuses_bad_names() -> None:
 
 @pytest.mark.anyio
 async def test_missing_paramiko_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ssh_backend, "paramiko", None)
+    monkeypatch.setattr(ssh_connection, "paramiko", None)
     with pytest.raises(BackendNotAvailable, match=r"pip install 'hermes-sandbox\[ssh\]'"):
-        await SSHEnvironment(SSHConfig(host="127.0.0.1")).start()
+        await SSHEnvironment(SSHSettings(host="127.0.0.1")).start()
 
 
 @pytest.mark.anyio
@@ -352,7 +350,7 @@ async def test_connection_refused_is_clear() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = SSHEnvironment(SSHConfig(host="127.0.0.1", port=port, connect_timeout=5))
+    env = SSHEnvironment(SSHSettings(host="127.0.0.1", port=port, connect_timeout=5))
     with pytest.raises(BackendNotAvailable, match=f"connection refused by 127.0.0.1:{port}"):
         await env.start()
 
@@ -363,7 +361,7 @@ async def test_a_server_that_does_not_answer_times_out(tmp_path: Path) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        config = SSHConfig(
+        config = SSHSettings(
             host="127.0.0.1",
             port=port,
             connect_timeout=0.5,
@@ -380,7 +378,7 @@ async def test_a_server_that_does_not_answer_times_out(tmp_path: Path) -> None:
 async def test_an_unreachable_host_is_clear() -> None:
     # 192.0.2.0/24 is TEST-NET-1: never routed. Depending on the network this is an
     # immediate "unreachable" or a timeout after connect_timeout.
-    config = SSHConfig(host="192.0.2.1", connect_timeout=0.5)
+    config = SSHSettings(host="192.0.2.1", connect_timeout=0.5)
     started = time.monotonic()
     with pytest.raises(BackendNotAvailable, match=r"192\.0\.2\.1:22"):
         await SSHEnvironment(config).start()
@@ -618,7 +616,7 @@ def test_more_channels_than_the_server_allows(server: Server, own_known_hosts: s
     )
     assert result.status == "success", result.output
     assert result.output.strip() == "14 True"
-    assert pool_stats(SSHConfig.from_mapping(options)).connections_made >= 2
+    assert pool_stats(SSHSettings.from_mapping(options)).connections_made >= 2
     close_pooled_connections()
 
 
@@ -807,7 +805,7 @@ def test_nothing_is_left_behind(server: Server) -> None:
 
 def test_connection_is_reused_by_consecutive_runs(server: Server, own_known_hosts: str) -> None:
     options = server.options(known_hosts=own_known_hosts)
-    config = SSHConfig.from_mapping(options)
+    config = SSHSettings.from_mapping(options)
     logins_before = server.accepted_ports() if server.log else []
     for _ in range(3):
         result = execute_code("print('ok')", backend="ssh", backend_options=options, timeout=20)
@@ -831,7 +829,7 @@ def test_connection_is_reused_by_consecutive_runs(server: Server, own_known_host
 
 def test_idle_connection_closes_after_its_idle_time(server: Server, own_known_hosts: str) -> None:
     options = server.options(known_hosts=own_known_hosts, idle_timeout=0.3)
-    config = SSHConfig.from_mapping(options)
+    config = SSHSettings.from_mapping(options)
     assert execute_code("print(1)", backend="ssh", backend_options=options).status == "success"
     ports = pool_stats(config).local_ports
     assert len(ports) == 1 and server_processes(ports[0])
@@ -850,7 +848,7 @@ def test_server_going_away_mid_run_ends_the_run(server: Server, own_known_hosts:
     sleeps: the run ends at once as an error, and the script dies with its relay."""
     scratch = shared_tmp(server)
     options = server.options(known_hosts=own_known_hosts, idle_timeout=0)
-    config = SSHConfig.from_mapping(options)
+    config = SSHSettings.from_mapping(options)
     code = f"""
         import os, time
         open("{scratch}/pid", "w").write(str(os.getpid()))
@@ -1096,7 +1094,7 @@ def test_service_script_starts_a_second_server_reuses_it_and_stops_it(sshd: Serv
         }
         port, pid = int(values["HERMES_TEST_SSH_PORT"]), int(values["HERMES_TEST_SSH_PID"])
         assert port != sshd.port and not gone(pid)
-        config = SSHConfig(
+        config = SSHSettings(
             host=values["HERMES_TEST_SSH_HOST"],
             port=port,
             user=values["HERMES_TEST_SSH_USER"],

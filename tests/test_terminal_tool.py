@@ -1,9 +1,10 @@
 """The terminal tool through the registry: approval of dangerous commands, timeout,
 workdir and output clipping, on a real LocalEnvironment.
 
-The tables of dangerous and safe commands run through the full tool, but in
-:class:`RecordingEnvironment`, which records what would run instead of running it: a
-regression in detection must fail a test, not delete the machine. Everything else runs
+The tables of dangerous and safe commands run through the full tool, but in the
+package's fake environment with a command handler, which records what would run
+instead of running it: a regression in detection must fail a test, not delete the
+machine. Everything else runs
 for real, with commands that are flagged (they carry SQL text) but harmless when run.
 """
 
@@ -21,8 +22,10 @@ import psutil
 import pytest
 
 import hermes_sandbox.tools.terminal_tool  # noqa: F401 - registers the terminal tool
+from hermes_sandbox.environments import Environment
 from hermes_sandbox.environments.base import CommandResult
 from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.environments.testing import FakeEnvironment, FakeSettings
 from hermes_sandbox.tools.approval import ApprovalPolicy
 from hermes_sandbox.tools.registry import ToolContext, registry
 from hermes_sandbox.tools.terminal_tool import MAX_OUTPUT_CHARS
@@ -33,25 +36,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class RecordingEnvironment(LocalEnvironment):
-    """A LocalEnvironment that records commands instead of running them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.executed: list[str] = []
-
-    async def execute(
-        self,
-        command: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        max_output_bytes: int = 0,
-    ) -> CommandResult:
-        self.executed.append(command)
-        return CommandResult("recorded", 0)
-
-
 @pytest.fixture
 async def env() -> AsyncIterator[LocalEnvironment]:
     async with LocalEnvironment() as environment:
@@ -59,8 +43,10 @@ async def env() -> AsyncIterator[LocalEnvironment]:
 
 
 @pytest.fixture
-async def recorder() -> AsyncIterator[RecordingEnvironment]:
-    async with RecordingEnvironment() as environment:
+async def recorder() -> AsyncIterator[FakeEnvironment]:
+    """Records every command and answers it without running it."""
+    settings = FakeSettings(command_handler=lambda command: CommandResult("recorded", 0))
+    async with FakeEnvironment(settings) as environment:
         yield environment
 
 
@@ -70,9 +56,7 @@ async def terminal(ctx: ToolContext, command: str, **args: Any) -> dict[str, Any
     return result
 
 
-def context(
-    env: LocalEnvironment, cwd: Path, approval: ApprovalPolicy | None = None
-) -> ToolContext:
+def context(env: Environment, cwd: Path, approval: ApprovalPolicy | None = None) -> ToolContext:
     return ToolContext(task_id="t", environment=env, cwd=str(cwd), approval=approval)
 
 
@@ -259,10 +243,10 @@ SAFE = [
 @pytest.mark.anyio
 @pytest.mark.parametrize("command", DANGEROUS)
 async def test_dangerous_command_is_refused_without_running(
-    recorder: RecordingEnvironment, tmp_path: Path, command: str
+    recorder: FakeEnvironment, tmp_path: Path, command: str
 ) -> None:
     result = await terminal(context(recorder, tmp_path), command)
-    assert recorder.executed == []
+    assert recorder.commands == []
     assert result["approval_required"] is True
     assert result["error"].startswith("Command refused: it ")
     assert "config file" in result["error"]
@@ -270,12 +254,10 @@ async def test_dangerous_command_is_refused_without_running(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("command", SAFE)
-async def test_safe_command_runs(
-    recorder: RecordingEnvironment, tmp_path: Path, command: str
-) -> None:
+async def test_safe_command_runs(recorder: FakeEnvironment, tmp_path: Path, command: str) -> None:
     result = await terminal(context(recorder, tmp_path), command)
     assert result == {"output": "recorded", "exit_code": 0}
-    assert recorder.executed == [command]
+    assert recorder.commands == [command]
 
 
 def test_tables_are_big_enough() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from hermes_sandbox.environments.base import Environment
+from hermes_sandbox.environments.base import Runtime
 from hermes_sandbox.errors import ToolError
 from hermes_sandbox.tools.handler_args import bool_arg
 from hermes_sandbox.tools.path_policy import PathRefused, ResolvedPath, resolve_for_write
@@ -125,9 +125,7 @@ async def _resolve(ctx: ToolContext, path: str) -> ResolvedPath:
         raise PatchError(str(exc), refused=True) from None
 
 
-async def _load(
-    env: Environment, shown: str, resolved: ResolvedPath, *, text: bool = True
-) -> bytes:
+async def _load(env: Runtime, shown: str, resolved: ResolvedPath, *, text: bool = True) -> bytes:
     """The bytes of a regular file to edit (``text``) or to keep for a rollback."""
     info = resolved.stat
     if info is None:
@@ -677,7 +675,7 @@ def _joined(lines: list[str]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-async def _sh(env: Environment, command: str) -> None:
+async def _sh(env: Runtime, command: str) -> None:
     result = await env.execute(command, timeout=SHELL_TIMEOUT)
     if result.exit_code != 0:
         raise PatchError(result.output.strip() or f"'{command}' exited with {result.exit_code}")
@@ -686,7 +684,7 @@ async def _sh(env: Environment, command: str) -> None:
 Undo = Callable[[], Awaitable[None]]
 
 
-async def _apply(changes: list[_Change], env: Environment) -> None:
+async def _apply(changes: list[_Change], env: Runtime) -> None:
     """Make every change, deletions last; undo what was done if one fails."""
     q = shlex.quote
     undo: list[Undo] = []
@@ -738,7 +736,7 @@ async def _apply(changes: list[_Change], env: Environment) -> None:
         raise PatchError(message) from exc
 
 
-async def _restore_if_missing(env: Environment, path: str, data: bytes) -> None:
+async def _restore_if_missing(env: Runtime, path: str, data: bytes) -> None:
     try:
         await env.stat(path)
     except FileNotFoundError:

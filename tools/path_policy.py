@@ -28,7 +28,7 @@ import posixpath
 import shlex
 from dataclasses import dataclass
 
-from hermes_sandbox.environments.base import Environment, FileStat
+from hermes_sandbox.environments.base import FileStat, Runtime
 from hermes_sandbox.errors import PathRefused
 from hermes_sandbox.tools.registry import ToolContext
 
@@ -168,7 +168,7 @@ async def resolve_path(
     return ResolvedPath(path, await _resolve_missing(env, absolute, error), None, error)
 
 
-async def _resolve_missing(env: Environment, absolute: str, error: OSError, hops: int = 0) -> str:
+async def _resolve_missing(env: Runtime, absolute: str, error: OSError, hops: int = 0) -> str:
     # The local backend's stat names the path it got to, symlinks followed, in the
     # error; a backend that does not is asked whether the first missing component is
     # a dangling symlink.
@@ -189,7 +189,7 @@ async def _resolve_missing(env: Environment, absolute: str, error: OSError, hops
     return _clean(posixpath.join(parent_real, rest))
 
 
-async def _nearest_existing(env: Environment, absolute: str) -> tuple[str, str]:
+async def _nearest_existing(env: Runtime, absolute: str) -> tuple[str, str]:
     """(real path of the nearest existing ancestor, the rest of ``absolute`` below it)."""
     head, rest = absolute, ""
     while True:
@@ -204,7 +204,7 @@ async def _nearest_existing(env: Environment, absolute: str) -> tuple[str, str]:
             continue
 
 
-async def _dangling_symlink_target(env: Environment, path: str) -> str | None:
+async def _dangling_symlink_target(env: Runtime, path: str) -> str | None:
     """The target of ``path`` if it is a symlink, else None (also if readlink is missing)."""
     quoted = shlex.quote(path)
     done = await env.execute(f"[ -h {quoted} ] && readlink -- {quoted}", timeout=30)

@@ -51,7 +51,7 @@ import anyio.to_thread
 from hermes_sandbox.tools.arguments import ToolArguments, describe_problems
 
 if TYPE_CHECKING:
-    from hermes_sandbox.environments.base import Environment
+    from hermes_sandbox.environments.base import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class ToolContext:
     """
 
     task_id: str
-    environment: Environment
+    environment: Runtime
     cwd: str
     # Policy the host sets for the run; None means "no policy of that kind".
     approval: Any = None  # tools.approval.ApprovalPolicy: who may allow a dangerous command

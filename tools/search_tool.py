@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any
 
-from hermes_sandbox.environments.base import Environment
+from hermes_sandbox.environments.base import Runtime
 from hermes_sandbox.tools.handler_args import bool_arg, int_arg
 from hermes_sandbox.tools.path_policy import PathRefused, resolve_for_read
 from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
@@ -461,10 +461,10 @@ def _program_source() -> str:
 
 # -- the host side --------------------------------------------------------------------
 
-_RIPGREP: weakref.WeakKeyDictionary[Environment, str | None] = weakref.WeakKeyDictionary()
+_RIPGREP: weakref.WeakKeyDictionary[Runtime, str | None] = weakref.WeakKeyDictionary()
 
 
-async def ripgrep_path(env: Environment) -> str | None:
+async def ripgrep_path(env: Runtime) -> str | None:
     """Where ``rg`` is in ``env``, or None; asked once per environment object."""
     if env in _RIPGREP:
         return _RIPGREP[env]

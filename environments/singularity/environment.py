@@ -31,7 +31,7 @@ namespace, pid and start time of the process that started it) and a random suffi
 it is shared only by environments of the same process for the same task and stopped
 when the last of them closes; the reaper takes it if the owner dies first.
 
-Commands and files go through :class:`~environments.helper.HelperEnvironment`: each is
+Commands and files go through :class:`~environments.exec_stream.ExecStreamEnvironment`: each is
 an ``apptainer exec`` into the instance running the stdlib helper with the image's
 Python; :meth:`SingularityEnvironment._open_exec` is a local subprocess whose stdin and
 stdout are the stream (:class:`~environments.local.LocalExecStream`).
@@ -55,7 +55,6 @@ commands on this machine: no Apptainer is installed where the tests run.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -71,35 +70,25 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
 import psutil
 
-from hermes_sandbox.environments.base import settings_from_mapping
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
-from hermes_sandbox.environments.helper import HelperEnvironment
+from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.local import LocalExecStream
+from hermes_sandbox.environments.singularity.settings import (
+    IMAGE_VAR,
+    SingularitySettings,
+    find_executable,
+)
 
 log = logging.getLogger(__name__)
 
-IMAGE_VAR = "HERMES_SANDBOX_APPTAINER_IMAGE"  # the default for SingularityConfig.image
-EXECUTABLES = ("apptainer", "singularity")  # looked for on PATH in this order
 NAME_PREFIX = "hermes-"
-INSTALL_HINT = (
-    "install Apptainer (https://apptainer.org/docs/admin/main/installation.html, e.g. "
-    "the apptainer package of your distribution) or SingularityCE, or set the backend's "
-    "`executable` setting to its path"
-)
-
-# Longest shared_dir that still leaves room for a Unix socket in a run's stage
-# directory inside it (sun_path holds 107 bytes: "/hs-" + 12, "/hermes-sandbox-" + 12,
-# "/rpc.sock").
-MAX_SHARED_DIR_LENGTH = 50
-_MEMORY_RE = re.compile(r"^\d+(\.\d+)?\s*([kmgtpKMGTP]([iI]?[bB])?|[bB])?$")  # go-units RAMInBytes
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INSTANCE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 # A non-persistent instance's name ends with its owner and a random suffix.
@@ -107,161 +96,6 @@ _OWNED_RE = re.compile(r"-(?P<host>[0-9a-f]{6})p(?P<pid>\d+)s(?P<start>\d+)-[0-9
 _DRAIN_SECONDS = 1.0
 _LIST_TIMEOUT = 60.0
 _STOP_TIMEOUT = 60.0
-
-
-# -- configuration -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Bind:
-    """A host path bind-mounted into the instance (read-only unless said otherwise,
-    like the docker backend's mounts; Apptainer's own default would be read-write)."""
-
-    source: str
-    target: str
-    read_only: bool = True
-
-    @classmethod
-    def parse(cls, value: str | Mapping[str, Any] | Bind) -> Bind:
-        """``"SRC:DST[:ro|rw]"``, a mapping with the field names, or a Bind."""
-        if isinstance(value, Bind):
-            bind = value
-        elif isinstance(value, Mapping):
-            unknown = set(value) - {"source", "target", "read_only"}
-            if unknown:
-                raise ValueError(f"unknown bind key(s): {', '.join(sorted(unknown))}")
-            bind = cls(
-                str(value["source"]), str(value["target"]), bool(value.get("read_only", True))
-            )
-        elif isinstance(value, str):
-            parts = value.split(":")
-            if len(parts) == 2:
-                bind = cls(parts[0], parts[1])
-            elif len(parts) == 3 and parts[2] in ("ro", "rw"):
-                bind = cls(parts[0], parts[1], parts[2] == "ro")
-            else:
-                raise ValueError(f"a bind is SOURCE:TARGET[:ro|rw], got {value!r}")
-        else:
-            raise ValueError(f"a bind is a 'SOURCE:TARGET[:ro|rw]' string, got {value!r}")
-        for path in (bind.source, bind.target):
-            if not path.startswith("/"):
-                raise ValueError(f"bind paths must be absolute, got {path!r} in {value!r}")
-            if "," in path or ":" in path:  # apptainer splits --bind on both
-                raise ValueError(f"bind paths cannot contain ',' or ':', got {path!r}")
-        return bind
-
-    def spec(self) -> str:
-        """The ``--bind`` argument."""
-        return f"{self.source}:{self.target}:{'ro' if self.read_only else 'rw'}"
-
-
-def _default_image() -> str:
-    return os.environ.get(IMAGE_VAR, "")
-
-
-@dataclass(frozen=True, slots=True)
-class SingularityConfig:
-    """Settings of the singularity backend. Unknown keys are refused (:meth:`from_mapping`).
-
-    Sizes are Apptainer's notation (``"512m"``, ``"1g"``); ``None`` lifts a limit. The
-    cgroup limits (``memory``, ``cpus``, ``pids_limit``) need cgroups v2 delegated to
-    the user (or root); Apptainer refuses to start the instance otherwise.
-    """
-
-    image: str = field(default_factory=_default_image)  # a SIF path or a docker:// URI
-    executable: str | None = None  # None: apptainer, else singularity, found on PATH
-    task_id: str | None = None  # instances are per task; None: a fresh one, never shared
-    persist: bool = False  # keep the instance after aclose, for later runs of the task
-    binds: tuple[Bind, ...] = ()
-    writable_tmpfs: bool = True  # a throw-away writable layer over the image
-    overlay: str | None = None  # a persistent overlay (image or directory) instead
-    containall: bool = True  # own PID, IPC and mount namespaces, contained /tmp and $HOME
-    no_home: bool = True  # do not mount the user's home directory
-    network: bool = False  # False: --net --network none (loopback only)
-    memory: str | None = None  # --memory, a cgroup limit
-    cpus: float | None = None  # --cpus, a cgroup limit
-    pids_limit: int | None = None  # --pids-limit, a cgroup limit
-    # A host directory under which each instance gets a private directory, bind-mounted
-    # read-write at the same path inside: the runtime then serves calls over a Unix
-    # socket there. None: no shared directory (tool calls go through the relay).
-    shared_dir: str | None = None
-    workdir: str = "/tmp"  # where commands start inside the instance (made if missing)
-    python: str = "python3"  # the image's interpreter; commands and file operations need it
-    start_timeout: float = 600.0  # seconds for `instance start` (a docker:// image is pulled)
-
-    def __post_init__(self) -> None:
-        binds = self.binds
-        if isinstance(binds, (str, Mapping, Bind)):
-            binds = (binds,)  # type: ignore[assignment]
-        object.__setattr__(self, "binds", tuple(Bind.parse(b) for b in binds))
-        if not self.image:
-            raise ValueError(
-                "the singularity backend needs an image: set `image` to a SIF file or a "
-                f"docker:// URI (or export ${IMAGE_VAR})"
-            )
-        if self.memory is not None and not _MEMORY_RE.match(str(self.memory)):
-            raise ValueError(f"memory must be a size like '512m' or '1g', got {self.memory!r}")
-        if self.cpus is not None:
-            try:
-                cpus = Decimal(str(self.cpus))
-            except InvalidOperation:
-                raise ValueError(f"cpus must be a number, got {self.cpus!r}") from None
-            if not cpus >= Decimal("0.01"):
-                raise ValueError(f"cpus must be at least 0.01, got {self.cpus}")
-        if self.pids_limit is not None and self.pids_limit < 1:
-            raise ValueError(f"pids_limit must be >= 1, got {self.pids_limit}")
-        if not self.start_timeout > 0:
-            raise ValueError(f"start_timeout must be > 0 seconds, got {self.start_timeout}")
-        for name in ("workdir", "shared_dir", "overlay"):
-            value = getattr(self, name)
-            if value is not None and not str(value).startswith("/"):
-                raise ValueError(f"{name} must be an absolute path, got {value!r}")
-        if self.shared_dir is not None:
-            if len(self.shared_dir) > MAX_SHARED_DIR_LENGTH:
-                raise ValueError(
-                    f"shared_dir {self.shared_dir!r} is longer than {MAX_SHARED_DIR_LENGTH} "
-                    "characters: a Unix socket path inside it would not fit; choose a "
-                    "shorter directory such as /tmp"
-                )
-            if "," in self.shared_dir or ":" in self.shared_dir:
-                raise ValueError(f"shared_dir cannot contain ',' or ':', got {self.shared_dir!r}")
-        if self.executable is not None and not self.executable:
-            raise ValueError("executable must be a command name or a path, not empty")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> SingularityConfig:
-        """Build from plain data (a config file's section); refuse unknown keys."""
-        return settings_from_mapping(cls, data, "singularity")
-
-    def settings_hash(self) -> str:
-        """What an instance is started from: a reused instance must match it."""
-        settings = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name in _INSTANCE_SETTINGS
-        }
-        settings["binds"] = [dataclasses.astuple(b) for b in self.binds]
-        text = json.dumps(settings, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-# The settings that shape the instance itself (the rest only shape each exec).
-_INSTANCE_SETTINGS = frozenset(
-    {
-        "image",
-        "persist",
-        "binds",
-        "writable_tmpfs",
-        "overlay",
-        "containall",
-        "no_home",
-        "network",
-        "memory",
-        "cpus",
-        "pids_limit",
-        "shared_dir",
-    }
-)
 
 
 # -- owners ------------------------------------------------------------------------------
@@ -325,34 +159,6 @@ def _slug(text: str) -> str:
 # -- the executable ----------------------------------------------------------------------
 
 
-def find_executable(configured: str | None) -> str:
-    """The apptainer (or singularity) executable to run; BackendNotAvailable if none."""
-    if configured is not None:
-        found = shutil.which(configured)
-        if found is None:
-            raise BackendNotAvailable(
-                f"the singularity backend's executable {configured!r} was not found or is "
-                f"not executable (PATH={os.environ.get('PATH', '')}); {INSTALL_HINT}"
-            )
-        return found
-    for name in EXECUTABLES:
-        found = shutil.which(name)
-        if found is not None:
-            return found
-    raise BackendNotAvailable(
-        "the singularity backend needs the apptainer or singularity command, and neither "
-        f"is on PATH ({os.environ.get('PATH', '')}); {INSTALL_HINT}"
-    )
-
-
-def _availability(settings: Mapping[str, Any]) -> str | None:
-    try:
-        find_executable(settings.get("executable"))
-    except BackendNotAvailable as exc:
-        return str(exc)
-    return None
-
-
 def _env_prefix(executable: str) -> str:
     """How the executable takes variables for the container: SingularityCE only reads
     SINGULARITYENV_, Apptainer prefers APPTAINERENV_ (and still reads the other)."""
@@ -381,48 +187,42 @@ _TASK_INSTANCES: dict[str, str] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-class SingularityEnvironment(HelperEnvironment):
+class SingularityEnvironment(ExecStreamEnvironment):
     """An Apptainer instance of the task's own (see the module docstring).
 
-    ``config`` says which image and how contained; ``env`` holds variables every command
-    and process gets (nothing of the host's environment leaks in otherwise);
+    ``settings`` say which image and how contained; ``env`` holds variables every
+    command and process gets (nothing of the host's environment leaks in otherwise);
     ``kill_grace`` is how long a command gets between SIGTERM and SIGKILL; ``python``
-    overrides ``config.python``.
+    overrides ``settings.python``.
     """
 
     name: ClassVar[str] = "singularity"
-    settings_class: ClassVar[type[SingularityConfig]] = SingularityConfig
+    settings_class: ClassVar[type[SingularitySettings]] = SingularitySettings
     where: ClassVar[str] = "in the Apptainer instance"
+
+    settings: SingularitySettings
 
     def __init__(
         self,
-        config: SingularityConfig,
+        settings: SingularitySettings | None = None,
         *,
         env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
         python: str | None = None,
     ) -> None:
-        self.config = config
-        self.task_id = config.task_id or uuid.uuid4().hex
-        self._env = dict(env or {})
+        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+        self.task_id = self.settings.task_id or uuid.uuid4().hex
         bad = [key for key in self._env if not _ENV_NAME_RE.match(key)]
         if bad:
             raise ValueError(f"environment variable names must be identifiers, got {bad}")
-        self.kill_grace = kill_grace
-        self._python = python or config.python
         self.executable: str | None = None
         self.instance_name: str | None = None
         self.reused = False  # start() attached to an instance that was already running
         self._shared_path: str | None = None
-        self._closed = False
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        return _availability(settings)
 
     @property
     def default_cwd(self) -> str:
-        return self.config.workdir
+        return self.settings.workdir
 
     @property
     def shared_directory(self) -> str | None:
@@ -432,7 +232,7 @@ class SingularityEnvironment(HelperEnvironment):
     def task_key(self) -> str:
         """The name of the task's persistent instance, and the start of every name of
         its other instances: task and settings."""
-        return f"{NAME_PREFIX}{_slug(self.task_id)}-{self.config.settings_hash()}"
+        return f"{NAME_PREFIX}{_slug(self.task_id)}-{self.settings.settings_hash()}"
 
     # -- running the command line ------------------------------------------------------
 
@@ -546,30 +346,26 @@ class SingularityEnvironment(HelperEnvironment):
     # -- lifecycle -----------------------------------------------------------------------
 
     def _shared_path_for(self, name: str) -> str | None:
-        if self.config.shared_dir is None:
+        if self.settings.shared_dir is None:
             return None
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-        return os.path.join(self.config.shared_dir, f"hs-{digest}")
+        return os.path.join(self.settings.shared_dir, f"hs-{digest}")
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Find the executable, reap orphans, then reuse or start the task's instance.
 
         Raises BackendNotAvailable (no apptainer or singularity, an image it cannot
         open) or EnvironmentFailure.
         """
-        if self._closed:
-            raise EnvironmentFailure("this singularity environment was closed; make a new one")
-        if self.instance_name is not None:
-            return
-        self.executable = await anyio.to_thread.run_sync(find_executable, self.config.executable)
+        self.executable = await anyio.to_thread.run_sync(find_executable, self.settings.executable)
         running = await self._list_instances(f"{NAME_PREFIX}*")
         await self._reap(running)
         key = self.task_key
-        if self.config.persist:
+        if self.settings.persist:
             name = key
         else:
             with _SHARED_LOCK:
-                mine = _TASK_INSTANCES.get(key) if self.config.task_id is not None else None
+                mine = _TASK_INSTANCES.get(key) if self.settings.task_id is not None else None
             if mine is None or mine not in running:
                 mine = f"{key}-{owner_token()}-{secrets.token_hex(3)}"
             name = mine
@@ -586,7 +382,7 @@ class SingularityEnvironment(HelperEnvironment):
         await self._start_instance(name)
 
     async def _start_instance(self, name: str) -> None:
-        config = self.config
+        config = self.settings
         shared = self._shared_path_for(name)
         try:
             if shared is not None:
@@ -623,7 +419,7 @@ class SingularityEnvironment(HelperEnvironment):
             raise
 
     def _start_options(self, shared: str | None) -> list[str]:
-        config = self.config
+        config = self.settings
         options: list[str] = []
         if config.containall:
             options.append("--containall")
@@ -648,7 +444,7 @@ class SingularityEnvironment(HelperEnvironment):
         return options
 
     def _start_failure(self, result: _CommandResult) -> Exception:
-        image = self.config.image
+        image = self.settings.image
         said = _last_lines(result.stderr) or _last_lines(result.stdout)
         if "could not open image" in said:
             return BackendNotAvailable(
@@ -664,7 +460,7 @@ class SingularityEnvironment(HelperEnvironment):
 
     async def _make_workdir(self) -> None:
         stream = await self._open_exec(
-            ["mkdir", "-p", self.config.workdir], env=None, cwd="/", stdin=False
+            ["mkdir", "-p", self.settings.workdir], env=None, cwd="/", stdin=False
         )
         try:
             async for _ in stream:
@@ -675,7 +471,7 @@ class SingularityEnvironment(HelperEnvironment):
                 await stream.aclose()
         if code != 0:
             raise EnvironmentFailure(
-                f"could not make the working directory {self.config.workdir!r} "
+                f"could not make the working directory {self.settings.workdir!r} "
                 f"{self.where} (exit code {code}): {_last_lines(stream.stderr_tail)}"
             )
 
@@ -706,30 +502,20 @@ class SingularityEnvironment(HelperEnvironment):
             _SHARED.pop(name, None)
             if _TASK_INSTANCES.get(self.task_key) == name:
                 del _TASK_INSTANCES[self.task_key]
-        return not self.config.persist
+        return not self.settings.persist
 
-    async def aclose(self) -> None:
+    async def _stop(self) -> None:
         """Stop the instance (unless persistent, or still used by another environment
-        of this process) and remove its shared directory. Idempotent; not cancellable."""
-        if self._closed:
+        of this process) and remove its shared directory."""
+        name, self.instance_name = self.instance_name, None
+        shared, self._shared_path = self._shared_path, None
+        if name is None or not self._forget(name):
             return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            name, self.instance_name = self.instance_name, None
-            shared, self._shared_path = self._shared_path, None
-            if name is None or not self._forget(name):
-                return
-            # Not raised when it fails: aclose runs in finally blocks. The reaper takes
-            # the instance once this process is gone.
-            await self._stop_instance(name)
-            if shared is not None:
-                await anyio.to_thread.run_sync(_remove_shared_dir, shared)
-
-    def _require_started(self) -> str:
-        if self.instance_name is None:
-            state = "closed" if self._closed else "not started"
-            raise EnvironmentFailure(f"the singularity environment is {state}")
-        return self.instance_name
+        # Not raised when it fails: aclose runs in finally blocks. The reaper takes
+        # the instance once this process is gone.
+        await self._stop_instance(name)
+        if shared is not None:
+            await anyio.to_thread.run_sync(_remove_shared_dir, shared)
 
     # -- processes -------------------------------------------------------------------------
 
@@ -743,7 +529,10 @@ class SingularityEnvironment(HelperEnvironment):
     ) -> LocalExecStream:
         """``apptainer exec --cleanenv --no-eval --pwd CWD instance://NAME ARGV`` as a local
         process: its stdin and stdout are the stream, its stderr the stream's tail."""
-        name = self._require_started()
+        self._require_started()
+        name = self.instance_name
+        if name is None:
+            raise EnvironmentFailure("the singularity instance is not running yet")
         merged = {**self._env, **(env or {})}
         bad = [key for key in merged if not _ENV_NAME_RE.match(key)]
         if bad:
@@ -755,7 +544,7 @@ class SingularityEnvironment(HelperEnvironment):
             "--cleanenv",
             "--no-eval",
             "--pwd",
-            cwd or self.config.workdir,
+            cwd or self.settings.workdir,
             f"instance://{name}",
             *argv,
         ]
@@ -805,8 +594,6 @@ def _remove_shared_dir(path: str) -> None:
 
 
 __all__ = [
-    "Bind",
-    "SingularityConfig",
     "SingularityEnvironment",
     "find_executable",
     "owner_token",

@@ -1,15 +1,15 @@
 """The Modal backend: scripts run in a Modal Sandbox, driven through the ``modal`` SDK.
 
 Lifecycle. :meth:`ModalEnvironment.start` looks up (or creates) the Modal App named by
-:attr:`ModalConfig.app_name`, then resumes the running sandbox called
-:attr:`ModalConfig.sandbox_name` (``Sandbox.from_name``) when one is named and exists,
+:attr:`ModalSettings.app_name`, then resumes the running sandbox called
+:attr:`ModalSettings.sandbox_name` (``Sandbox.from_name``) when one is named and exists,
 or creates one from a registry image with the configured CPU, memory, lifetime and,
 by default, no network. :meth:`ModalEnvironment.aclose` terminates it unless it is
 persistent. A sandbox whose owner died without closing it ends by itself when its
 lifetime (``timeout``, and ``idle_timeout`` if set) runs out: that is the reaper.
 
 Commands and files. Everything runs through ``Sandbox.exec``: the environment is a
-:class:`~environments.helper.HelperEnvironment`, so a shell command under a timeout,
+:class:`~environments.exec_stream.ExecStreamEnvironment`, so a shell command under a timeout,
 killing what it left, and every file operation run the stdlib helper program with the
 sandbox's Python over an exec's stdin and stdout (:class:`ModalExecStream`), and
 scripts run under the stream relay. Modal has no call to kill one exec, so every exec
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import shlex
 import threading
@@ -47,11 +46,11 @@ import anyio
 from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
     CommandResult,
-    ExecStream,
-    settings_from_mapping,
 )
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
-from hermes_sandbox.environments.helper import HELPER_SOURCE, HelperEnvironment
+from hermes_sandbox.environments.exec_stream import HELPER_SOURCE, ExecStreamEnvironment
+from hermes_sandbox.environments.modal.settings import ModalSettings
+from hermes_sandbox.environments.modal.stream import ModalExecStream
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,7 @@ CREDENTIALS_ADVICE = (
     "or run `modal token new` to store one in {path} (another file: MODAL_CONFIG_PATH; "
     "another profile in it: MODAL_PROFILE)"
 )
-DEFAULT_APP_NAME = "hermes-sandbox"
-DEFAULT_IMAGE = "python:3.11-slim"
 EXEC_MARK = "HERMES_SANDBOX_EXEC"  # the helper's kill verb finds an exec's processes by it
-MAX_SANDBOX_SECONDS = 24 * 3600  # Modal's longest sandbox lifetime
 
 # The SDK module once imported (see _modal); tests put a stand-in with the same names here.
 _sdk: Any = None
@@ -78,7 +74,6 @@ _EOF_SECONDS = 10.0
 _EXIT_SECONDS = 2.0  # for an exec's exit status once its output ended
 _POLL_SECONDS = 15.0
 _TERMINATE_SECONDS = 60.0
-_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,64}$")  # Modal's rule for object names
 
 
 def _modal() -> Any:
@@ -91,84 +86,6 @@ def _modal() -> Any:
             raise BackendNotAvailable(SDK_MISSING) from exc
         _sdk = modal
     return _sdk
-
-
-# -- configuration -------------------------------------------------------------------
-
-
-def _positive_number(name: str, value: Any, *, integer: bool = False) -> None:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        kind = "a whole number" if integer else "a number"
-        raise ValueError(f"{name} must be {kind} > 0, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class ModalConfig:
-    """Settings of the modal backend. Unknown keys are refused (:meth:`from_mapping`).
-
-    ``image`` is a registry tag (``Image.from_registry``); it must have ``python``
-    (3.6 or newer) on its PATH. ``memory`` is in MiB. ``timeout`` is the sandbox's own
-    lifetime in seconds: Modal ends it then, whatever runs, so make it longer than the
-    runs it serves. ``sandbox_name`` resumes the running sandbox of that name in the
-    app (or creates it under that name); ``persist`` keeps it after the run.
-    """
-
-    app_name: str = DEFAULT_APP_NAME
-    image: str = DEFAULT_IMAGE
-    cpu: float | None = 1.0
-    memory: int | None = 1024
-    timeout: int = 900
-    idle_timeout: int | None = None
-    block_network: bool = True
-    sandbox_name: str | None = None
-    persist: bool = False
-    region: str | tuple[str, ...] | None = None
-    cloud: str | None = None
-    modal_environment: str | None = None  # Modal's environment; None: the profile's default
-    python: str = "python3"
-    workdir: str = "/workspace"  # made at start if missing; scripts and commands start here
-
-    def __post_init__(self) -> None:
-        if isinstance(self.region, list | tuple):
-            object.__setattr__(self, "region", tuple(str(r) for r in self.region))
-        for name in ("app_name", "image", "python", "workdir"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        if not _NAME_RE.match(self.app_name):
-            raise ValueError(
-                f"app_name may hold only letters, digits, '-', '_' and '.' (at most 64), "
-                f"got {self.app_name!r}"
-            )
-        if self.sandbox_name is not None and not _NAME_RE.match(str(self.sandbox_name)):
-            raise ValueError(
-                f"sandbox_name may hold only letters, digits, '-', '_' and '.' (at most 64), "
-                f"got {self.sandbox_name!r}"
-            )
-        if self.cpu is not None:
-            _positive_number("cpu", self.cpu)
-        if self.memory is not None:
-            _positive_number("memory (MiB)", self.memory, integer=True)
-        _positive_number("timeout (seconds)", self.timeout, integer=True)
-        if self.timeout > MAX_SANDBOX_SECONDS:
-            raise ValueError(f"timeout can be at most {MAX_SANDBOX_SECONDS} s, got {self.timeout}")
-        if self.idle_timeout is not None:
-            _positive_number("idle_timeout (seconds)", self.idle_timeout, integer=True)
-        for name in ("block_network", "persist"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.persist and self.sandbox_name is None:
-            raise ValueError(
-                "persist needs a sandbox_name: a kept sandbox is found again by its name"
-            )
-        if not self.workdir.startswith("/"):
-            raise ValueError(f"workdir must be an absolute path, got {self.workdir!r}")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> ModalConfig:
-        """Build from plain data (a config file's section); refuse unknown keys."""
-        return settings_from_mapping(cls, data, "modal")
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -256,184 +173,6 @@ def _require_asyncio() -> None:
         ) from None
 
 
-# -- the exec stream ---------------------------------------------------------------------
-
-
-class ModalExecStream(ExecStream):
-    """A ``Sandbox.exec`` process's stdin and stdout as one byte stream.
-
-    stdout is read through the SDK's reader as bytes; stdin is written and drained in
-    chunks; stderr is read all along by a background task (on the event loop, as the
-    SDK's I/O is) and its last few KiB kept in :attr:`stderr_tail`, complete once
-    :meth:`wait` returns. With ``close_stdin`` the process gets end of input at once.
-    Closing the stream ends stdin, waits ``exit_grace`` seconds for the process to exit
-    and otherwise calls ``reap`` to kill it inside the sandbox.
-
-    With ``diagnose``, a stream whose output ends with the process killed (or its exit
-    unknown) asks it why; a reason (the sandbox stopped) is added to :attr:`stderr_tail`
-    before the end is reported, so whoever explains the end (the relay) can say it.
-    """
-
-    def __init__(
-        self,
-        process: Any,
-        *,
-        foreign: tuple[type[BaseException], ...],
-        close_stdin: bool,
-        exit_grace: float,
-        reap: Callable[[], Awaitable[None]] | None,
-        diagnose: Callable[[], Awaitable[str | None]] | None = None,
-    ) -> None:
-        self._process = process
-        self._stdin = process.stdin
-        self._foreign = foreign
-        # What writing to stdin raises once it is closed, and closing a reader in use.
-        self._write_errors: tuple[type[BaseException], ...] = (*foreign, ValueError, BufferError)
-        self._close_errors: tuple[type[BaseException], ...] = (*foreign, RuntimeError)
-        self._reader: Any = None
-        self._buffer = b""
-        self._eof = False
-        self._eof_sent = close_stdin
-        self._closed = False
-        self._returncode: int | None = None
-        self._exit_grace = exit_grace
-        self._reap = reap
-        self._diagnose = diagnose
-        self._send_lock = anyio.Lock()
-        self._background_done = anyio.Event()
-        self.stderr_tail = b""
-        # A plain asyncio task: the stream outlives the call that opened it, so it has
-        # no task group to live in, and the SDK needs asyncio anyway.
-        self._background = asyncio.get_running_loop().create_task(self._read_stderr(close_stdin))
-
-    async def _read_stderr(self, close_stdin: bool) -> None:
-        try:
-            if close_stdin:
-                try:
-                    self._stdin.write_eof()
-                    await self._stdin.drain.aio()
-                except self._write_errors as exc:
-                    log.debug("could not close an exec's stdin: %s", exc)
-            try:
-                async for chunk in self._process.stderr:
-                    data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
-                    self.stderr_tail = (self.stderr_tail + data)[-_STDERR_TAIL:]
-            except self._foreign as exc:  # diagnostics only: not a reason to fail
-                log.debug("an exec's stderr broke: %s", exc)
-        finally:
-            self._background_done.set()
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        if self._closed:
-            raise anyio.ClosedResourceError
-        while not self._buffer:
-            if self._eof:
-                raise anyio.EndOfStream
-            if self._reader is None:
-                self._reader = aiter(self._process.stdout)
-            try:
-                chunk = await anext(self._reader)
-            except StopAsyncIteration:
-                self._eof = True
-                self._reader = None
-                await self._explain_end()
-                raise anyio.EndOfStream from None
-            except self._foreign as exc:
-                self._reader = None
-                await self._explain_end()
-                raise anyio.BrokenResourceError(f"the exec's output broke: {exc}") from exc
-            except BaseException:
-                # Cancelled mid-read: that iterator is finished, and the SDK's reader
-                # resumes at its offset in a new one.
-                self._reader = None
-                raise
-            self._buffer = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
-        data, self._buffer = self._buffer[:max_bytes], self._buffer[max_bytes:]
-        return data
-
-    async def _explain_end(self) -> None:
-        """The output ended: if the process was killed or its exit is unknown, ask
-        ``diagnose`` why and keep the answer in stderr_tail."""
-        if self._diagnose is None:
-            return
-        code: int | None = None
-        with anyio.move_on_after(_EXIT_SECONDS):
-            try:
-                code = self._returncode = int(await self._process.wait.aio())
-            except self._foreign:
-                pass
-        if code is not None and 0 <= code < 128:
-            return  # it exited by itself
-        reason = await self._diagnose()
-        if reason:
-            self.stderr_tail = (self.stderr_tail + f"\n{reason}".encode())[-_STDERR_TAIL:]
-
-    async def send(self, item: bytes) -> None:
-        if self._closed or self._eof_sent:
-            raise anyio.ClosedResourceError
-        async with self._send_lock:
-            try:
-                for start in range(0, len(item), _STDIN_CHUNK):
-                    self._stdin.write(item[start : start + _STDIN_CHUNK])
-                    await self._stdin.drain.aio()
-            except self._write_errors as exc:
-                raise anyio.BrokenResourceError(f"the exec's input broke: {exc}") from exc
-
-    async def send_eof(self) -> None:
-        if self._eof_sent:
-            return
-        self._eof_sent = True
-        async with self._send_lock:
-            try:
-                self._stdin.write_eof()
-                await self._stdin.drain.aio()
-            except self._write_errors as exc:
-                raise anyio.BrokenResourceError(f"the exec's input broke: {exc}") from exc
-
-    async def wait(self) -> int:
-        """The exec's exit code (128+N for signal N), once its stderr is read."""
-        if self._returncode is None:
-            try:
-                self._returncode = int(await self._process.wait.aio())
-            except self._foreign as exc:
-                raise anyio.BrokenResourceError(f"waiting for the exec failed: {exc}") from exc
-        with anyio.move_on_after(_STDERR_JOIN_SECONDS):
-            await self._background_done.wait()
-        return self._returncode
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            if not self._eof_sent:
-                self._eof_sent = True
-                with anyio.move_on_after(_EOF_SECONDS):
-                    try:
-                        async with self._send_lock:
-                            self._stdin.write_eof()
-                            await self._stdin.drain.aio()
-                    except self._write_errors:
-                        pass
-            if self._returncode is None:
-                with anyio.move_on_after(self._exit_grace):
-                    try:
-                        self._returncode = int(await self._process.wait.aio())
-                    except self._foreign:
-                        pass
-                if self._returncode is None and self._reap is not None:
-                    await self._reap()
-            if not self._background.done():
-                self._background.cancel()
-                await asyncio.wait([self._background], timeout=1.0)
-            reader, self._reader = self._reader, None
-            if reader is not None:
-                try:
-                    await reader.aclose()
-                except self._close_errors:
-                    pass
-
-
 # -- the environment -------------------------------------------------------------------
 
 # Sandboxes this process uses, with how many open environments share each: a
@@ -442,57 +181,41 @@ _SHARED: dict[str, int] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-class ModalEnvironment(HelperEnvironment):
+class ModalEnvironment(ExecStreamEnvironment):
     """A Modal Sandbox (see the module docstring).
 
-    ``config`` says which app, image and limits; ``env`` holds variables every command
+    ``settings`` say which app, image and limits; ``env`` holds variables every command
     and script gets (added to the image's own; nothing of the host's goes in
     otherwise); ``kill_grace`` is how long a command gets between SIGTERM and SIGKILL;
-    ``python`` overrides ``config.python``.
+    ``python`` overrides ``settings.python``.
     """
 
     name: ClassVar[str] = "modal"
-    settings_class: ClassVar[type[ModalConfig]] = ModalConfig
+    settings_class: ClassVar[type[ModalSettings]] = ModalSettings
     where: ClassVar[str] = "in the Modal sandbox"
+
+    settings: ModalSettings
 
     def __init__(
         self,
-        config: ModalConfig | None = None,
+        settings: ModalSettings | None = None,
         *,
         env: Mapping[str, str] | None = None,
         kill_grace: float = 2.0,
         python: str | None = None,
     ) -> None:
-        self.config = config or ModalConfig()
-        self._env = dict(env or {})
-        self.kill_grace = kill_grace
-        self._python = python or self.config.python
+        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
         self._sdk: Any = None
         self._errors: _SdkErrors | None = None
         self._sandbox: Any = None
         self.sandbox_id: str | None = None
         self.resumed = False  # start() attached to a running sandbox found by its name
         self._lost: str | None = None
-        self._closed = False
         self._workdir_ready = False  # then commands and execs start in config.workdir
-
-    @classmethod
-    def availability(cls, settings: Mapping[str, Any]) -> str | None:
-        """Why the backend cannot be used here: no SDK, bad settings or no credentials
-        (no network call: whether Modal accepts them shows at start)."""
-        try:
-            sdk = _modal()
-        except BackendNotAvailable as exc:
-            return str(exc)
-        try:
-            ModalConfig.from_mapping(settings)
-        except (TypeError, ValueError) as exc:
-            return f"bad settings: {exc}"
-        return _credentials_problem(sdk)
 
     @property
     def default_cwd(self) -> str:
-        return self.config.workdir
+        return self.settings.workdir
 
     @property
     def lost(self) -> str | None:
@@ -502,7 +225,7 @@ class ModalEnvironment(HelperEnvironment):
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Resume the named sandbox or create one; make the working directory.
 
         Raises BackendNotAvailable (no SDK, no credentials, not on asyncio, Modal
@@ -510,10 +233,6 @@ class ModalEnvironment(HelperEnvironment):
         create or run the sandbox, the image has no Python). A sandbox made for a start
         that then fails is terminated before the error is raised.
         """
-        if self._closed:
-            raise EnvironmentFailure("this modal environment was closed; make a new one")
-        if self._sandbox is not None:
-            return
         sdk = _modal()
         _require_asyncio()
         problem = _credentials_problem(sdk)
@@ -521,7 +240,7 @@ class ModalEnvironment(HelperEnvironment):
             raise BackendNotAvailable(problem)
         self._sdk = sdk
         self._errors = _SdkErrors.of(sdk)
-        config = self.config
+        config = self.settings
         app = await self._call(
             f"looking up the Modal app {config.app_name!r}",
             sdk.App.lookup.aio,
@@ -547,7 +266,7 @@ class ModalEnvironment(HelperEnvironment):
 
     async def _find_named(self) -> Any:
         """The running sandbox of the configured name, or None."""
-        config, errors = self.config, self._require_errors()
+        config, errors = self.settings, self._require_errors()
         try:
             return await self._sdk.Sandbox.from_name.aio(
                 config.app_name, config.sandbox_name, environment_name=config.modal_environment
@@ -561,7 +280,7 @@ class ModalEnvironment(HelperEnvironment):
             ) from exc
 
     async def _create(self, app: Any) -> Any:
-        config, errors = self.config, self._require_errors()
+        config, errors = self.settings, self._require_errors()
         doing = f"creating a Modal sandbox from the image {config.image!r}"
         try:
             image = self._sdk.Image.from_registry(config.image)
@@ -596,7 +315,7 @@ class ModalEnvironment(HelperEnvironment):
 
     async def _make_workdir(self) -> None:
         """Make the working directory; the first exec also shows the image has Python."""
-        workdir = self.config.workdir
+        workdir = self.settings.workdir
         result = await self.execute(f"mkdir -p -- {shlex.quote(workdir)}", timeout=120)
         if result.exit_code != 0:
             raise EnvironmentFailure(
@@ -605,37 +324,33 @@ class ModalEnvironment(HelperEnvironment):
             )
         self._workdir_ready = True
 
-    async def aclose(self) -> None:
+    async def _stop(self) -> None:
         """Terminate the sandbox (unless persistent, or still used by another environment
-        of this process) and let go of it. Idempotent; not cancellable; never raises."""
-        if self._closed:
+        of this process) and let go of it. Never raises."""
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is None:
             return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            sandbox, self._sandbox = self._sandbox, None
-            if sandbox is None:
-                return
-            foreign = self._require_errors().foreign
-            if self._release_share():
-                try:
-                    with anyio.move_on_after(_TERMINATE_SECONDS) as waited:
-                        await sandbox.terminate.aio(wait=True)
-                    if waited.cancelled_caught:
-                        log.warning(
-                            "Modal has not confirmed that sandbox %s ended after %.0f s; it "
-                            "ends at the latest when its timeout of %d s runs out",
-                            self.sandbox_id,
-                            _TERMINATE_SECONDS,
-                            self.config.timeout,
-                        )
-                except foreign as exc:
-                    # Not raised: aclose runs in finally blocks. The sandbox's own
-                    # lifetime ends it if this did not.
-                    log.warning("could not terminate sandbox %s: %s", self.sandbox_id, exc)
+        foreign = self._require_errors().foreign
+        if self._release_share():
             try:
-                await sandbox.detach.aio()
+                with anyio.move_on_after(_TERMINATE_SECONDS) as waited:
+                    await sandbox.terminate.aio(wait=True)
+                if waited.cancelled_caught:
+                    log.warning(
+                        "Modal has not confirmed that sandbox %s ended after %.0f s; it "
+                        "ends at the latest when its timeout of %d s runs out",
+                        self.sandbox_id,
+                        _TERMINATE_SECONDS,
+                        self.settings.timeout,
+                    )
             except foreign as exc:
-                log.debug("detaching from sandbox %s: %s", self.sandbox_id, exc)
+                # Not raised: aclose runs in finally blocks. The sandbox's own
+                # lifetime ends it if this did not.
+                log.warning("could not terminate sandbox %s: %s", self.sandbox_id, exc)
+        try:
+            await sandbox.detach.aio()
+        except foreign as exc:
+            log.debug("detaching from sandbox %s: %s", self.sandbox_id, exc)
 
     def _release_share(self) -> bool:
         """Drop this environment's use of the sandbox; True if it should be terminated."""
@@ -646,7 +361,7 @@ class ModalEnvironment(HelperEnvironment):
                 _SHARED[self.sandbox_id] = users
                 return False
             _SHARED.pop(self.sandbox_id, None)
-        return not self.config.persist
+        return not self.settings.persist
 
     # -- the SDK boundary ------------------------------------------------------------------
 
@@ -655,13 +370,11 @@ class ModalEnvironment(HelperEnvironment):
             raise EnvironmentFailure("the modal environment is not started")
         return self._errors
 
-    def _require_started(self) -> Any:
-        if self._sandbox is None:
-            if self._lost is not None:
-                raise SandboxGone(self._lost)
-            state = "closed" if self._closed else "not started"
-            raise EnvironmentFailure(f"the modal environment is {state}")
-        return self._sandbox
+    def _require_started(self) -> None:
+        """As the base's, but a sandbox that went away mid-run is SandboxGone."""
+        if not self.alive and self._lost is not None:
+            raise SandboxGone(self._lost)
+        super()._require_started()
 
     def _translate(self, doing: str, exc: BaseException) -> BackendError:
         path = str(getattr(self._sdk.config, "user_config_path", "~/.modal.toml"))
@@ -690,10 +403,11 @@ class ModalEnvironment(HelperEnvironment):
                 log.debug("polling sandbox %s: %s", self.sandbox_id, exc)
         if code is None:
             return None
+        settings = self.settings
         self._lost = (
             f"the Modal sandbox {self.sandbox_id} stopped while in use (exit code {code}): "
-            f"it was terminated from outside, or its lifetime (timeout={self.config.timeout}s"
-            + (f", idle_timeout={self.config.idle_timeout}s" if self.config.idle_timeout else "")
+            f"it was terminated from outside, or its lifetime (timeout={settings.timeout}s"
+            + (f", idle_timeout={settings.idle_timeout}s" if settings.idle_timeout else "")
             + ") ran out"
         )
         return self._lost
@@ -719,11 +433,14 @@ class ModalEnvironment(HelperEnvironment):
         reap: bool = True,
         diagnose: bool = False,
     ) -> ModalExecStream:
-        sandbox = self._require_started()
+        self._require_started()
+        sandbox = self._sandbox
+        if sandbox is None:
+            raise EnvironmentFailure(f"the Modal sandbox is not running yet {self.where}")
         errors = self._require_errors()
         token = secrets.token_hex(12)
         merged = {**self._env, **(env or {}), EXEC_MARK: token}
-        workdir = cwd or (self.config.workdir if self._workdir_ready else None)
+        workdir = cwd or (self.settings.workdir if self._workdir_ready else None)
         try:
             process = await sandbox.exec.aio(*argv, workdir=workdir, env=merged, text=False)
         except errors.foreign as exc:
@@ -779,7 +496,7 @@ class ModalEnvironment(HelperEnvironment):
         cwd: str | None = None,
         max_output_bytes: int = DEFAULT_MAX_COMMAND_OUTPUT,
     ) -> CommandResult:
-        """Run ``command`` with /bin/sh in the sandbox (see HelperEnvironment.execute).
+        """Run ``command`` with /bin/sh in the sandbox (see ExecStreamEnvironment.execute).
 
         Raises SandboxGone if the sandbox stopped, also while the command ran.
         """
@@ -810,9 +527,7 @@ class ModalEnvironment(HelperEnvironment):
 
 
 __all__ = [
-    "DEFAULT_IMAGE",
     "SDK_MISSING",
-    "ModalConfig",
     "ModalEnvironment",
     "ModalExecStream",
     "SandboxGone",

@@ -1,0 +1,214 @@
+"""The docker backend's exec stream: an exec's stdin and stdout over the socket the
+engine hands over, its output demultiplexed from the engine's 8-byte frame headers."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from hermes_sandbox.environments.base import ExecStream
+
+_STDERR_TAIL = 8192
+
+
+# -- the engine's multiplexed stream ---------------------------------------------------
+
+
+class _FrameDemux:
+    """Split an exec's output stream, as the engine sends it without a TTY.
+
+    Every chunk of output is one frame with an 8-byte header::
+
+        byte 0      stream: 0 stdin, 1 stdout, 2 stderr, 3 an error from the engine
+        bytes 1-3   zero
+        bytes 4-7   length of the payload, unsigned 32-bit big-endian
+
+    :meth:`feed` takes bytes as they arrive, split anywhere, and returns the payload
+    pieces with their stream number; a piece is passed on before its frame is complete.
+    """
+
+    __slots__ = ("_header", "_remaining", "_stream")
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._stream = 0
+        self._remaining = 0
+
+    @property
+    def mid_frame(self) -> bool:
+        return bool(self._header) or self._remaining > 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        pieces: list[tuple[int, bytes]] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._remaining == 0:
+                take = min(8 - len(self._header), end - pos)
+                self._header += data[pos : pos + take]
+                pos += take
+                if len(self._header) < 8:
+                    break
+                header = bytes(self._header)
+                self._header.clear()
+                if header[0] > 3 or header[1:4] != b"\0\0\0":
+                    raise ValueError(f"not a multiplexed exec stream (header {header.hex()})")
+                self._stream = header[0]
+                self._remaining = int.from_bytes(header[4:8], "big")
+                continue
+            take = min(self._remaining, end - pos)
+            pieces.append((self._stream, data[pos : pos + take]))
+            pos += take
+            self._remaining -= take
+        return pieces
+
+
+class ThreadedSocketStream(anyio.abc.ByteStream):
+    """A blocking socket-like object (a TLS socket, an SSH channel) used from threads:
+    for engines reached through something the event loop cannot wait on directly."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        if hasattr(sock, "settimeout"):
+            sock.settimeout(None)  # the SDK's request timeout would end an idle stream
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            data = await anyio.to_thread.run_sync(
+                self._sock.recv, max_bytes, abandon_on_cancel=True
+            )
+        except OSError as exc:
+            if self._closed:
+                raise anyio.ClosedResourceError from exc
+            raise anyio.BrokenResourceError(str(exc)) from exc
+        if not data:
+            raise anyio.EndOfStream
+        return bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            await anyio.to_thread.run_sync(self._sock.sendall, item)
+        except OSError as exc:
+            raise anyio.BrokenResourceError(str(exc)) from exc
+
+    async def send_eof(self) -> None:
+        try:
+            if hasattr(self._sock, "shutdown_write"):  # a paramiko channel
+                self._sock.shutdown_write()
+            else:
+                self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
+        except (OSError, AttributeError, TypeError):
+            pass
+        self._sock.close()
+
+
+class DockerExecStream(ExecStream):
+    """An exec's stdin and stdout as one byte stream; stderr kept as a short tail.
+
+    Built on the socket the engine hands over after ``POST /exec/{id}/start``
+    (a hijacked HTTP connection), so a round trip costs no thread hop.
+    """
+
+    def __init__(
+        self,
+        transport: anyio.abc.ByteStream,
+        inspect: Callable[[], Any],
+        release: Callable[[], None],
+        pending: bytes = b"",
+    ) -> None:
+        self._transport = transport
+        self._inspect = inspect  # async: the exec's inspect data
+        self._release = release  # blocking: close what the SDK keeps for the connection
+        self._demux = _FrameDemux()
+        self._ready: list[bytes] = []
+        self._pending = pending  # read by the SDK's HTTP layer past the response headers
+        self._eof = False
+        self._eof_sent = False
+        self._closed = False
+        self._exit_code: int | None = None
+        self.stderr_tail = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._ready:
+            if self._eof:
+                raise anyio.EndOfStream
+            if self._pending:
+                data, self._pending = self._pending, b""
+            else:
+                try:
+                    data = await self._transport.receive()
+                except anyio.EndOfStream:
+                    self._eof = True
+                    if self._demux.mid_frame:
+                        raise anyio.BrokenResourceError(
+                            "the engine closed the exec stream inside a frame"
+                        ) from None
+                    raise
+            try:
+                pieces = self._demux.feed(data)
+            except ValueError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            for stream, piece in pieces:
+                if stream == 1:
+                    self._ready.append(piece)
+                elif piece:  # stderr, or an error from the engine
+                    self.stderr_tail = (self.stderr_tail + piece)[-_STDERR_TAIL:]
+        chunk = self._ready[0]
+        if len(chunk) <= max_bytes:
+            self._ready.pop(0)
+            return chunk
+        self._ready[0] = chunk[max_bytes:]
+        return chunk[:max_bytes]
+
+    async def send(self, item: bytes) -> None:
+        await self._transport.send(item)
+
+    async def send_eof(self) -> None:
+        self._eof_sent = True
+        await self._transport.send_eof()
+
+    async def wait(self) -> int:
+        """Wait for the exec to finish: the engine offers no wait call for an exec, so
+        this asks its state with a growing pause (5 ms up to 250 ms)."""
+        delay = 0.005
+        while self._exit_code is None:
+            info = await self._inspect()
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                self._exit_code = int(info["ExitCode"])
+                break
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+        return self._exit_code
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if not self._eof_sent:
+                try:
+                    await self._transport.send_eof()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+            await self._transport.aclose()
+            await anyio.to_thread.run_sync(self._release)
+
+
+__all__ = ["DockerExecStream", "ThreadedSocketStream"]

@@ -1,0 +1,376 @@
+"""The ssh backend's connections: logging in with paramiko (its errors translated
+here), and the pool that shares one authenticated transport per host, user and key
+among the environments of this process (see environments/ssh/environment.py)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
+from hermes_sandbox.environments.ssh.settings import SDK_MISSING, SSHSettings
+
+try:
+    import paramiko
+except ImportError:  # reported by SSHEnvironment.start, so SSHSettings works without it
+    paramiko = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+_KEEPALIVE_SECONDS = 15
+
+
+# -- connecting ------------------------------------------------------------------------
+
+
+def _require_paramiko() -> None:
+    if paramiko is None:
+        raise BackendNotAvailable(SDK_MISSING)
+
+
+def _host_key_name(config: SSHSettings) -> str:
+    """How known_hosts names the server: ``host`` on port 22, else ``[host]:port``."""
+    return config.host if config.port == 22 else f"[{config.host}]:{config.port}"
+
+
+class _RecordNewHostKey:
+    """paramiko's missing-host-key policy for ``accept_new_host_keys``: trust the key
+    and append one line for it to the known_hosts file (never rewriting the file, as
+    paramiko's AutoAddPolicy would, which drops its comments)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        os.makedirs(os.path.dirname(self._path) or ".", mode=0o700, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
+        log.warning("added the host key of %s to %s", hostname, self._path)
+
+
+def _connect(config: SSHSettings) -> Any:
+    """A paramiko SSHClient logged in to the host (blocking); BackendNotAvailable with
+    advice for every way that can fail."""
+    _require_paramiko()
+    login = config.login
+    known_hosts = os.path.expanduser(config.known_hosts)
+    key_file = os.path.expanduser(config.key_file) if config.key_file else None
+    if key_file is not None and not os.path.isfile(key_file):
+        raise BackendNotAvailable(
+            f"the ssh key_file {key_file} does not exist: set key_file to a private key "
+            f"that {login} accepts"
+        )
+    try:
+        sock = socket.create_connection((config.host, config.port), config.connect_timeout)
+    except socket.gaierror as exc:
+        raise BackendNotAvailable(
+            f"cannot resolve the ssh host {config.host!r}: {exc.strerror or exc}; check host"
+        ) from exc
+    except TimeoutError as exc:
+        raise BackendNotAvailable(
+            f"connecting to {config.host}:{config.port} timed out after "
+            f"{config.connect_timeout:g} s (connect_timeout): is the host up and the port "
+            "open to this machine?"
+        ) from exc
+    except ConnectionRefusedError as exc:
+        raise BackendNotAvailable(
+            f"connection refused by {config.host}:{config.port}: no SSH server listens there; "
+            "start sshd on the host or set port"
+        ) from exc
+    except OSError as exc:
+        raise BackendNotAvailable(
+            f"cannot reach {config.host}:{config.port}: {exc.strerror or exc}"
+        ) from exc
+    # Without TCP_NODELAY every channel open waits for a delayed ACK (~40 ms).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    client = paramiko.SSHClient()
+    try:
+        if os.path.isfile(known_hosts):
+            client.load_host_keys(known_hosts)
+        if config.accept_new_host_keys:
+            client.set_missing_host_key_policy(_RecordNewHostKey(known_hosts))
+        else:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(
+            config.host,
+            port=config.port,
+            username=config.user_name,
+            key_filename=key_file,
+            look_for_keys=key_file is None,
+            allow_agent=key_file is None,
+            sock=sock,
+            timeout=config.connect_timeout,
+            banner_timeout=config.connect_timeout,
+            auth_timeout=config.connect_timeout,
+        )
+    except BaseException as exc:
+        client.close()
+        sock.close()
+        if isinstance(exc, Exception):
+            raise _connect_error(config, exc, known_hosts, key_file) from exc
+        raise
+    transport = client.get_transport()
+    transport.set_keepalive(_KEEPALIVE_SECONDS)
+    return client
+
+
+def _connect_error(
+    config: SSHSettings, exc: Exception, known_hosts: str, key_file: str | None
+) -> BackendNotAvailable:
+    login = config.login
+    name = _host_key_name(config)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return BackendNotAvailable(
+            f"the host key of {name} is not the one recorded in {known_hosts}: someone may be "
+            "intercepting the connection, or the host was reinstalled. If the change is "
+            f"expected, remove the old entry (ssh-keygen -R '{name}' -f {known_hosts}) and "
+            "connect again"
+        )
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return BackendNotAvailable(
+            f"the ssh key {key_file} is protected by a passphrase: use a key without one, or "
+            "leave key_file unset and load the key into an ssh-agent"
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        tried = f"the key {key_file}" if key_file else "the ssh-agent's and ~/.ssh/id_* keys"
+        return BackendNotAvailable(
+            f"{login} refused {tried}: add its public key to ~{config.user_name}/.ssh/"
+            "authorized_keys on the host, or set key_file (and user) to a key it accepts"
+        )
+    if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+        where = known_hosts if os.path.isfile(known_hosts) else f"{known_hosts} (missing)"
+        return BackendNotAvailable(
+            f"the host key of {name} is unknown: it is not in {where}. Add it (ssh-keyscan "
+            f"-p {config.port} {config.host} >> {known_hosts}, after checking its fingerprint), "
+            "set known_hosts to a file that has it, or set accept_new_host_keys to trust "
+            "and record it on first connection"
+        )
+    if isinstance(exc, TimeoutError):
+        return BackendNotAvailable(
+            f"{config.host}:{config.port} did not complete the SSH handshake within "
+            f"{config.connect_timeout:g} s (connect_timeout)"
+        )
+    if isinstance(exc, paramiko.SSHException | EOFError):
+        return BackendNotAvailable(
+            f"the SSH handshake with {config.host}:{config.port} failed: {exc or type(exc)}. "
+            "Is an SSH server listening there?"
+        )
+    if isinstance(exc, OSError):
+        return BackendNotAvailable(f"connecting to {login} failed: {exc.strerror or exc}")
+    return BackendNotAvailable(f"connecting to {login} failed: {type(exc).__name__}: {exc}")
+
+
+# -- the connection pool ---------------------------------------------------------------
+
+
+class _Connection:
+    """One logged-in SSH connection and how many of its channels are open."""
+
+    def __init__(self, client: Any, capacity: int) -> None:
+        self.client = client
+        self.transport = client.get_transport()
+        self.capacity = capacity
+        self.sessions = 0
+
+    def alive(self) -> bool:
+        return bool(self.transport is not None and self.transport.is_active())
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception as exc:  # closing a broken connection: nothing left to do
+            log.debug("closing an ssh connection: %s", exc)
+
+
+class _Share:
+    """The connections of one pool key, and how many environments use them."""
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        self.users = 0
+        self.connections: list[_Connection] = []
+        self.connects = 0  # connections made over the share's life
+        self.timer: threading.Timer | None = None
+        self.lock = threading.Lock()  # connects and channel bookkeeping
+
+    def prune(self) -> None:
+        """Forget connections that died (holding ``lock``)."""
+        for conn in [c for c in self.connections if not c.alive()]:
+            self.connections.remove(conn)
+            conn.close()
+
+    def ensure_connection(self, config: SSHSettings) -> None:
+        """Connect unless a live connection is there (blocking)."""
+        with self.lock:
+            self.prune()
+            if not self.connections:
+                self._add(config)
+
+    def _add(self, config: SSHSettings) -> _Connection:
+        conn = _Connection(_connect(config), config.max_sessions)
+        self.connections.append(conn)
+        self.connects += 1
+        return conn
+
+    def open_channel(self, config: SSHSettings) -> tuple[_Connection, Any]:
+        """A new session channel on a connection with room for it (blocking)."""
+        last: Exception | None = None
+        for _ in range(8):
+            with self.lock:
+                self.prune()
+                conn = next((c for c in self.connections if c.sessions < c.capacity), None)
+                if conn is None:
+                    try:
+                        conn = self._add(config)
+                    except BackendNotAvailable as exc:
+                        raise EnvironmentFailure(
+                            f"could not open another SSH connection to {config.login}: {exc}"
+                        ) from exc
+                conn.sessions += 1
+            try:
+                return conn, conn.transport.open_session(timeout=config.connect_timeout)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                last = exc
+                with self.lock:
+                    conn.sessions -= 1
+                if "Timeout" in str(exc):
+                    break  # the server does not answer: trying again would only wait more
+                with self.lock:
+                    if conn.alive():
+                        # The server refused another channel: its MaxSessions is lower
+                        # than ours. (paramiko reports a ChannelException to only one
+                        # of several threads refused at once; the others get a plain
+                        # SSHException.) Remember the real limit; use another connection.
+                        conn.capacity = max(1, conn.sessions)
+                # A connection that died under us is pruned; the next round connects anew.
+        raise EnvironmentFailure(
+            f"could not open an SSH channel to {config.login}: {last or 'no connection'}"
+        )
+
+    def release_channel(self, conn: _Connection) -> None:
+        with self.lock:
+            conn.sessions = max(0, conn.sessions - 1)
+
+    def close_all(self) -> None:
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for conn in connections:
+            conn.close()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """What the pool holds for one (host, port, user, key, known_hosts)."""
+
+    users: int  # environments holding a share now
+    open_connections: int
+    connections_made: int  # since the share was created (it goes after its idle time)
+    open_channels: int
+    local_ports: tuple[int, ...] = ()  # this side's TCP ports: sshd's log names them
+
+
+class _ConnectionPool:
+    """Connections shared by the environments of this process (see the module
+    docstring). Thread-safe: runs may start from any thread or event loop; every
+    method blocks, so async code calls them through ``anyio.to_thread``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shares: dict[tuple[Any, ...], _Share] = {}
+
+    def acquire(self, config: SSHSettings) -> _Share:
+        """Take a share of the connection for ``config``, connecting if needed."""
+        with self._lock:
+            share = self._shares.get(config.pool_key)
+            if share is None:
+                share = self._shares[config.pool_key] = _Share(config.pool_key)
+            share.users += 1
+            if share.timer is not None:
+                share.timer.cancel()
+                share.timer = None
+        try:
+            share.ensure_connection(config)
+        except BaseException:
+            self.release(share, 0)
+            raise
+        return share
+
+    def release(self, share: _Share, idle_timeout: float) -> None:
+        """Give a share back; the last user's leaving starts the idle timer."""
+        with self._lock:
+            share.users -= 1
+            if share.users > 0:
+                return
+            if idle_timeout <= 0:
+                self._shares.pop(share.key, None)
+            else:
+                timer = threading.Timer(idle_timeout, self._expire, (share,))
+                timer.daemon = True
+                share.timer = timer
+                timer.start()
+                return
+        share.close_all()
+
+    def _expire(self, share: _Share) -> None:
+        with self._lock:
+            if share.users > 0 or self._shares.get(share.key) is not share:
+                return
+            del self._shares[share.key]
+        share.close_all()
+
+    def stats(self, config: SSHSettings) -> PoolStats:
+        with self._lock:
+            share = self._shares.get(config.pool_key)
+        if share is None:
+            return PoolStats(0, 0, 0, 0)
+        with share.lock:
+            live = [c for c in share.connections if c.alive()]
+            ports = []
+            for conn in live:
+                try:
+                    ports.append(int(conn.transport.sock.getsockname()[1]))
+                except (OSError, AttributeError, IndexError):
+                    pass
+            return PoolStats(
+                share.users,
+                len(live),
+                share.connects,
+                sum(c.sessions for c in live),
+                tuple(ports),
+            )
+
+    def close_all(self) -> None:
+        """Close every pooled connection (at exit; environments still open break)."""
+        with self._lock:
+            shares = list(self._shares.values())
+            self._shares.clear()
+        for share in shares:
+            if share.timer is not None:
+                share.timer.cancel()
+            share.close_all()
+
+
+_POOL = _ConnectionPool()
+atexit.register(_POOL.close_all)
+
+
+def pool_stats(config: SSHSettings) -> PoolStats:
+    """How many connections this process holds for ``config``'s login, and their use."""
+    return _POOL.stats(config)
+
+
+def close_pooled_connections() -> None:
+    """Close every idle or used pooled SSH connection now (also done at exit)."""
+    _POOL.close_all()
+
+
+__all__ = ["PoolStats", "close_pooled_connections", "pool_stats"]

@@ -1,0 +1,225 @@
+"""The exec helper: run inside the sandbox by an exec-stream backend, as ``python3
+_exec_helper.py VERB ARGS`` (its source passed with ``-c``), with the sandbox's own Python.
+
+Stdlib only, and only modules that even Debian's python3-minimal has (no json, shutil,
+tempfile); Python 3.6+. Data goes to stdout. A failed file operation is one line on
+stderr: ``HERMES-SANDBOX-ERROR``, then the errno name, the message and the file name,
+each hex-encoded UTF-8, joined by tabs (the host raises the same OSError).
+
+Verbs: ``run TOKEN GRACE CWD COMMAND`` (``/bin/sh -c COMMAND`` in a new session with
+``HERMES_SANDBOX_EXEC=TOKEN`` in its environment, stdout and stderr combined; what it
+leaves running is killed when it exits), ``kill TOKEN GRACE`` (every process with that
+marker, and their sessions), ``stat PATH``, ``read PATH MAX``, ``write PATH PARENTS
+MODE`` (data on stdin), ``mkdtemp PREFIX PARENT`` (prints the new directory and the
+user's home), ``rmtree PATH``.
+"""
+
+import errno
+import os
+import signal
+import stat
+import sys
+import time
+
+MARK = "HERMES_SANDBOX_EXEC"
+
+
+def hexed(text):
+    return str(text).encode("utf-8", "surrogateescape").hex()
+
+
+def fail(exc):
+    fields = (
+        errno.errorcode.get(exc.errno or 0, ""),
+        exc.strerror or str(exc),
+        "" if exc.filename is None else exc.filename,
+    )
+    line = "HERMES-SANDBOX-ERROR " + "\t".join(hexed(f) for f in fields) + "\n"
+    os.write(2, line.encode())
+    os._exit(125)
+
+
+def others():
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            yield int(name)
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def members(entry, own_sid):
+    # The command's processes: those carrying the marker, and every process in a
+    # session one of them is in (a child may have scrubbed its environment).
+    found, sids = set(), set()
+    for pid in others():
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                if entry in f.read().split(b"\0"):
+                    found.add(pid)
+                    sids.add(os.getsid(pid))
+        except OSError:
+            pass
+    sids.discard(own_sid)
+    if sids:
+        for pid in others():
+            try:
+                if os.getsid(pid) in sids:
+                    found.add(pid)
+            except OSError:
+                pass
+    return set(pid for pid in found if alive(pid))
+
+
+def send(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def sweep(token, grace):
+    entry = (MARK + "=" + token).encode()
+    own = os.getsid(0)
+    targets = members(entry, own)
+    if targets and grace > 0:
+        send(targets, signal.SIGTERM)
+        send(targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(alive(p) for p in targets):
+            time.sleep(0.01)
+    for _ in range(200):  # until nothing is left, however fast they fork
+        targets = members(entry, own)
+        if not targets:
+            return
+        send(targets, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+def run(token, grace, cwd, command):
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            fail(exc)
+    env = dict(os.environ)
+    env[MARK] = token
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.dup2(1, 2)
+            os.execve("/bin/sh", ["/bin/sh", "-c", command], env)
+        except OSError as exc:
+            os.write(2, ("cannot run /bin/sh: %s\n" % exc).encode())
+        os._exit(127)
+    status = os.waitpid(pid, 0)[1]
+    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    sweep(token, grace)  # what the command left in the background
+    sys.exit(code)
+
+
+def kind_of(mode):
+    for test, name in (
+        (stat.S_ISREG, "file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISCHR, "char_device"),
+        (stat.S_ISBLK, "block_device"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return name
+    return "other"
+
+
+def remove_tree(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        for name in dirs:
+            full = os.path.join(root, name)
+            try:
+                if os.path.islink(full):
+                    os.unlink(full)
+                else:
+                    os.rmdir(full)
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def make_private_dir(prefix, parent):
+    while True:
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+
+
+def main(verb, args):
+    if verb == "run":
+        return run(args[0], float(args[1]), args[2], args[3])
+    if verb == "kill":
+        return sweep(args[0], float(args[1]))
+    out = sys.stdout.buffer
+    try:
+        if verb == "stat":
+            st = os.stat(args[0])
+            real = os.path.realpath(args[0])
+            out.write(("%s\t%d\t%s" % (kind_of(st.st_mode), st.st_size, hexed(real))).encode())
+        elif verb == "read":
+            left = int(args[1])
+            with open(args[0], "rb") as f:
+                while left != 0:
+                    chunk = f.read(65536 if left < 0 else min(65536, left))
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    left -= len(chunk) if left > 0 else 0
+        elif verb == "write":
+            path, parents, mode = args[0], args[1] == "1", args[2]
+            data = sys.stdin.buffer.read()
+            if parents:
+                parent = os.path.dirname(os.path.abspath(path))
+                if not os.path.isdir(parent):
+                    os.makedirs(parent)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode or "644", 8))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            if mode:
+                os.chmod(path, int(mode, 8))
+        elif verb == "mkdtemp":
+            made = make_private_dir(args[0], args[1])
+            out.write((hexed(made) + "\t" + hexed(os.path.expanduser("~"))).encode())
+        elif verb == "rmtree":
+            remove_tree(args[0])
+        else:
+            raise SystemExit("unknown verb " + verb)
+    except OSError as exc:
+        fail(exc)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,103 @@
+"""The fake backend the package ships for its users' tests
+(hermes_sandbox.environments.testing): a real exec-stream backend in a temporary
+directory, run through the whole runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import anyio
+import psutil
+import pytest
+
+from hermes_sandbox import SettingError, execute_code
+from hermes_sandbox.environments import BACKENDS, CommandResult, get_environment_class
+from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+from hermes_sandbox.environments.testing import FakeEnvironment, FakeSettings
+
+SCRIPT = """\
+import json, os
+from hermes_tools import read_file, terminal, write_file
+write_file(path="made.txt", content="by a tool")
+print(json.dumps({
+    "cwd": os.getcwd(),
+    "home": os.environ.get("HOME"),
+    "shell": terminal(command="cat made.txt; echo; echo $RUN_VAR")["output"],
+    "read": read_file(path="made.txt")["content"],
+}))
+"""
+
+
+def test_a_whole_run_on_the_fake_backend():
+    result = execute_code(SCRIPT, backend=FakeSettings(), env={"RUN_VAR": "given"}, timeout=30)
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    assert os.path.basename(seen["cwd"]).startswith("hermes-fake-")
+    assert seen["home"] == seen["cwd"]
+    assert seen["shell"] == "by a tool\ngiven\n"
+    assert "by a tool" in seen["read"]
+    assert result.tool_calls_made == 3
+    assert not os.path.exists(seen["cwd"]), "the fake sandbox outlived its run"
+
+
+def test_it_is_in_the_table_and_is_an_exec_stream_backend():
+    assert BACKENDS["fake"] == "hermes_sandbox.environments.testing:FakeEnvironment"
+    assert get_environment_class("fake") is FakeEnvironment
+    assert issubclass(FakeEnvironment, ExecStreamEnvironment)
+    assert FakeSettings.backend == "fake"
+    with pytest.raises(SettingError, match="--image: the fake backend runs no image"):
+        FakeSettings.flag_layers(image="x", network=False)
+
+
+def test_a_timeout_kills_what_the_script_started():
+    result = execute_code(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n",
+        backend=FakeSettings(),
+        timeout=3,
+    )
+    assert result.status == "timeout"
+    pid = int(result.output.split()[0])
+    try:
+        psutil.Process(pid).wait(3)  # raises TimeoutExpired if it lives on
+    except psutil.NoSuchProcess:
+        pass
+    assert not psutil.pid_exists(pid)
+
+
+@pytest.mark.anyio
+async def test_it_records_and_a_handler_answers_commands_unrun(tmp_path):
+    ran = tmp_path / "ran"
+
+    def handler(command: str) -> CommandResult | None:
+        return CommandResult("answered", 0) if "never" in command else None
+
+    async with FakeEnvironment(FakeSettings(command_handler=handler)) as env:
+        answered = await env.execute(f"touch {ran}-never")
+        done = await env.execute(f"touch {ran}-yes && echo made")
+        assert (answered.output, done.output) == ("answered", "made\n")
+        assert env.commands == [f"touch {ran}-never", f"touch {ran}-yes && echo made"]
+        assert env.execs and env.execs[-1][0] == env.python
+        root = env.root
+        assert root is not None and await anyio.Path(root).is_dir()
+    assert not (tmp_path / "ran-never").exists() and (tmp_path / "ran-yes").exists()
+    assert not await anyio.Path(root).exists()
+
+
+@pytest.mark.anyio
+async def test_the_lifecycle_errors_come_from_the_seam():
+    env = FakeEnvironment()
+    with pytest.raises(Exception, match="the fake environment is not started"):
+        await env.execute("true")
+    async with env:
+        assert env.alive
+        with anyio.fail_after(10):
+            assert (await env.execute("echo $HOME")).output.strip() == env.root
+    assert not env.alive
+    with pytest.raises(Exception, match="the fake environment is closed"):
+        await env.read_bytes("/etc/hostname")
+    with pytest.raises(Exception, match="this fake environment was closed; make a new one"):
+        await env.start()
