@@ -8,12 +8,15 @@ The public API. Everything a user needs is importable from here::
     print(result.status, result.output)
 
 Tools are registered on :data:`registry` with ``registry.register(...)`` or the
-:func:`tool` decorator; the layers are subpackages (``hermes_sandbox.environments``,
-``hermes_sandbox.rpc``, ``hermes_sandbox.tools``, ``hermes_sandbox.stubs``).
+:func:`tool` decorator; :func:`register_execute_code` registers the execute_code tool,
+whose schema lists them for the model. The layers are subpackages
+(``hermes_sandbox.environments``, ``hermes_sandbox.rpc``, ``hermes_sandbox.tools``,
+``hermes_sandbox.stubs``).
 """
 
 from hermes_sandbox.api import execute_code, execute_code_async
 from hermes_sandbox.errors import SandboxError
+from hermes_sandbox.execute_code_tool import register_execute_code
 from hermes_sandbox.gate import ToolCallBudget
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
@@ -41,6 +44,7 @@ __all__ = [
     "__version__",
     "execute_code",
     "execute_code_async",
+    "register_execute_code",
     "registry",
     "run_code",
     "tool",
