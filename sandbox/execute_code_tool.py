@@ -67,7 +67,7 @@ def script_tools(
     every available built-in sandbox tool.
 
     Raises :class:`RunError` for a name that is not registered (register the tool
-    first, or leave it out) and for a string where a list belongs.
+    first, or leave it out), and for a string where a list of names belongs.
     """
     allowed = None if options is None else options.tools
     if isinstance(enabled_tools, str) or isinstance(allowed, str):
@@ -78,6 +78,9 @@ def script_tools(
     if enabled_tools is None:
         return resolve_tools(registry, allowed)
     names = list(dict.fromkeys(enabled_tools))
+    odd = [n for n in names if not isinstance(n, str)]
+    if odd:
+        raise RunError(f"enabled_tools holds {odd[0]!r}, not a tool name: list names as strings")
     unknown = [n for n in names if n not in registry and n not in BLOCKED_TOOLS]
     if unknown:
         raise RunError(

@@ -206,6 +206,8 @@ def test_an_unregistered_enabled_tool_is_an_error_that_says_what_to_do(session_r
         register_execute_code(session_registry, enabled_tools=["terminal", "get_weather"])
     with pytest.raises(RunError, match="not a string"):
         register_execute_code(session_registry, enabled_tools="terminal")
+    with pytest.raises(RunError, match="holds None, not a tool name"):
+        register_execute_code(session_registry, enabled_tools=["terminal", None])
 
 
 def test_a_tool_a_script_cannot_import_is_refused_at_registration(session_registry):
