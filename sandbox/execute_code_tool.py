@@ -77,10 +77,10 @@ def script_tools(
         )
     if enabled_tools is None:
         return resolve_tools(registry, allowed)
-    names = list(dict.fromkeys(enabled_tools))
-    odd = [n for n in names if not isinstance(n, str)]
+    odd = [n for n in enabled_tools if not isinstance(n, str)]
     if odd:
         raise RunError(f"enabled_tools holds {odd[0]!r}, not a tool name: list names as strings")
+    names = list(dict.fromkeys(enabled_tools))
     unknown = [n for n in names if n not in registry and n not in BLOCKED_TOOLS]
     if unknown:
         raise RunError(

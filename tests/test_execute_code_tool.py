@@ -208,6 +208,8 @@ def test_an_unregistered_enabled_tool_is_an_error_that_says_what_to_do(session_r
         register_execute_code(session_registry, enabled_tools="terminal")
     with pytest.raises(RunError, match="holds None, not a tool name"):
         register_execute_code(session_registry, enabled_tools=["terminal", None])
+    with pytest.raises(RunError, match=r"holds \['read_file'\], not a tool name"):
+        register_execute_code(session_registry, enabled_tools=["terminal", ["read_file"]])
 
 
 def test_a_tool_a_script_cannot_import_is_refused_at_registration(session_registry):
