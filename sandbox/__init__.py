@@ -11,8 +11,10 @@ A run's backend is named (``backend="docker"``) or given as its typed settings
 (``backend=DockerSettings(image="python:3.12-slim")``), one class per backend.
 
 Tools are registered on :data:`registry` with ``registry.register(...)`` or the
-:func:`tool` decorator; the layers are subpackages (``hermes_sandbox.environments``,
-``hermes_sandbox.rpc``, ``hermes_sandbox.tools``, ``hermes_sandbox.stubs``).
+:func:`tool` decorator; :func:`register_execute_code` registers the execute_code tool,
+whose schema lists them for the model. The layers are subpackages
+(``hermes_sandbox.environments``, ``hermes_sandbox.rpc``, ``hermes_sandbox.tools``,
+``hermes_sandbox.stubs``).
 """
 
 from hermes_sandbox.api import execute_code, execute_code_async
@@ -26,6 +28,7 @@ from hermes_sandbox.environments import (
     SSHSettings,
 )
 from hermes_sandbox.errors import ConfigError, SandboxError, SettingError
+from hermes_sandbox.execute_code_tool import register_execute_code
 from hermes_sandbox.gate import ToolCallBudget
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
@@ -62,6 +65,7 @@ __all__ = [
     "__version__",
     "execute_code",
     "execute_code_async",
+    "register_execute_code",
     "registry",
     "run_code",
     "tool",

@@ -22,6 +22,7 @@ import anyio
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.errors import SandboxError, UsageError
+from hermes_sandbox.execute_code_tool import FORMATS, build_schema, tool_definition
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
 from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
 from hermes_sandbox.stubs import generate_stub
@@ -334,6 +335,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the hermes_tools.py a script would get.",
     )
     commands.add_parser("tools", parents=[tool_args], help="list the tools this host serves")
+    schema = commands.add_parser(
+        "schema",
+        parents=[tool_args],
+        help="print the execute_code tool definition to give a model",
+        description="Print, as JSON, the execute_code tool definition a model would get for "
+        "these tools and limits: every tool the script may call, with its signature and "
+        "description, and the run's timeout, tool-call budget and output caps.",
+    )
+    schema.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="openai",
+        help='openai: {"type": "function", "function": {...}} (default); '
+        "anthropic: {name, description, input_schema}",
+    )
+    schema.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="the run's wall-clock limit, as for run (default: the config's, else 300)",
+    )
+    schema.add_argument(
+        "--max-tool-calls",
+        type=int,
+        metavar="N",
+        help="the run's tool-call budget, as for run (default: the config's, else 50)",
+    )
     backends = commands.add_parser(
         "backends",
         help="list the backends, whether each can be used here, and why not",
@@ -449,6 +477,28 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limit_options(args: argparse.Namespace, config: Config) -> RunOptions:
+    """The limits a run would have: --timeout and --max-tool-calls over the config's."""
+    limits = config.limits
+    return RunOptions(
+        timeout=limits.timeout if args.timeout is None else args.timeout,
+        max_tool_calls=(
+            limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
+        ),
+        max_stdout_bytes=limits.max_stdout_bytes,
+        max_stderr_bytes=limits.max_stderr_bytes,
+    ).validate()
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    config = _prepare(args)
+    tools = resolve_tools(registry, _selected_tools(args, config))
+    schema = build_schema(tools, registry=registry, options=_limit_options(args, config))
+    definition = tool_definition(schema, args.format)
+    sys.stdout.write(json.dumps(definition, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
 def _cmd_backends(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     rows = []
@@ -477,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": _cmd_run,
         "stub": _cmd_stub,
         "tools": _cmd_tools,
+        "schema": _cmd_schema,
         "backends": _cmd_backends,
     }
     try:

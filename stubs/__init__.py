@@ -13,6 +13,7 @@ from hermes_sandbox.stubs.generate import (
     program_source,
     relay_source,
     stub_files,
+    tool_signature,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "program_source",
     "relay_source",
     "stub_files",
+    "tool_signature",
 ]

@@ -12,6 +12,7 @@ import functools
 import json
 import keyword
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -87,21 +88,34 @@ def _is_python_name(name: str) -> bool:
     return name.isidentifier() and not keyword.iskeyword(name) and name not in _RESERVED
 
 
-def tool_function_source(schema: Mapping[str, Any]) -> str:
-    """The source of one stub function for an OpenAI-format tool schema."""
-    function = schema.get("function", schema)
+@dataclass(slots=True)
+class _Parameters:
+    """How a tool's JSON-schema parameters become a Python function."""
+
+    signature: list[str]  # the rendered parameters: "path: str", "limit: int = None"
+    sent: list[str]  # the entries of the dict the function sends: "'path': path"
+    docs: list[str]  # one "Args:" line per parameter
+    awkward: list[str]  # schema names that are not Python names: passed as **kwargs
+
+
+def _function_name(function: Mapping[str, Any]) -> str:
     name = function.get("name")
     if not isinstance(name, str) or not _is_python_name(name) or name.startswith("_"):
-        raise StubError(f"tool name {name!r} is not a usable Python function name")
+        raise StubError(
+            f"tool name {name!r} is not a usable Python function name, so a script could "
+            "not import it: rename the tool to a Python identifier that does not start "
+            "with an underscore (letters, digits and _)"
+        )
+    return name
+
+
+def _parameters(function: Mapping[str, Any]) -> _Parameters:
     parameters = function.get("parameters") or {}
     properties: Mapping[str, Any] = parameters.get("properties") or {}
     required = list(dict.fromkeys(p for p in parameters.get("required") or [] if p in properties))
     optional = [p for p in properties if p not in required]
 
-    signature: list[str] = []
-    sent: list[str] = []
-    arg_docs: list[str] = []
-    awkward: list[str] = []  # schema names that are not Python names: passed as **kwargs
+    rendered = _Parameters(signature=[], sent=[], docs=[], awkward=[])
     for param in required + optional:
         prop = properties[param] or {}
         is_required = param in required
@@ -111,35 +125,64 @@ def tool_function_source(schema: Mapping[str, Any]) -> str:
         if "enum" in prop:
             detail += ", one of " + ", ".join(json.dumps(v) for v in prop["enum"])
         description = " ".join(str(prop.get("description", "")).split())
-        arg_docs.append(f"    {param} ({detail}): {description}".rstrip())
+        rendered.docs.append(f"    {param} ({detail}): {description}".rstrip())
         if not _is_python_name(param):
-            awkward.append(param)
+            rendered.awkward.append(param)
             continue
         annotation = _annotation(prop)
         annotated = f"{param}: {annotation}" if annotation else param
         if is_required:
-            signature.append(annotated)
+            rendered.signature.append(annotated)
         else:
-            signature.append(f"{annotated} = None" if annotation else f"{param}=None")
-        sent.append(f"{param!r}: {param}")
-    if awkward or (parameters.get("additionalProperties", False) is not False and properties):
-        signature.append("**kwargs")
-        sent.append("**kwargs")
+            rendered.signature.append(f"{annotated} = None" if annotation else f"{param}=None")
+        rendered.sent.append(f"{param!r}: {param}")
+    if rendered.awkward or (
+        parameters.get("additionalProperties", False) is not False and properties
+    ):
+        rendered.signature.append("**kwargs")
+        rendered.sent.append("**kwargs")
+    return rendered
+
+
+def tool_signature(schema: Mapping[str, Any]) -> str:
+    """The call signature of a tool's stub function, as hermes_tools.py declares it:
+    ``read_file(path: str, offset: int = None, limit: int = None)``.
+
+    An optional parameter defaults to None, which the client leaves out of the call, so
+    the tool's own default applies. Raises :class:`StubError` as
+    :func:`tool_function_source` does.
+    """
+    function = schema.get("function", schema)
+    name = _function_name(function)
+    return f"{name}({', '.join(_parameters(function).signature)})"
+
+
+def tool_function_source(schema: Mapping[str, Any]) -> str:
+    """The source of one stub function for an OpenAI-format tool schema.
+
+    Raises :class:`StubError` for a tool name that cannot be a Python function name.
+    """
+    function = schema.get("function", schema)
+    name = _function_name(function)
+    rendered = _parameters(function)
 
     doc_lines = [str(function.get("description", "")).strip() or f"Call the {name} tool."]
-    if arg_docs:
-        doc_lines += ["", "Args:", *arg_docs]
-    if awkward:
-        doc_lines += ["", "Pass " + ", ".join(awkward) + " as keyword arguments: **{name: value}."]
+    if rendered.docs:
+        doc_lines += ["", "Args:", *rendered.docs]
+    if rendered.awkward:
+        doc_lines += [
+            "",
+            "Pass " + ", ".join(rendered.awkward) + " as keyword arguments: **{name: value}.",
+        ]
     doc_lines += [
         "",
         "Returns the tool's result parsed from JSON (a dict for the built-in tools);",
         'a failed call returns {"error": "..."} instead of raising.',
     ]
     return (
-        f"def {name}({', '.join(signature)}):\n"
+        f"def {name}({', '.join(rendered.signature)}):\n"
         f"{_docstring(chr(10).join(doc_lines))}\n"
-        f"    return _call({name!r}, {{{', '.join(sent)}}})\n"
+        f"    return _call({name!r}, {{{', '.join(rendered.sent)}}})\n"
     )
 
 
