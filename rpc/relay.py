@@ -16,6 +16,7 @@ the output caps and the timeout, with one round trip per call.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -26,35 +27,85 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hermes_sandbox.errors import RelayError
 from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError
-from hermes_sandbox.rpc.framing import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FrameDecoder,
-    encode_frame,
-    iter_messages,
-)
-from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.rpc.framing import encode_frame, iter_messages
+from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.server import RequestReader, RPCServer
 
 _OUTPUT_BUFFER = 64  # chunks of script output held before the relay is made to wait
+# Bytes queued for the relay before senders wait: the relay reads its channel all the
+# time (it never blocks on a script's connection), so this fills only if it is stuck.
+_CHANNEL_QUEUE_LIMIT = 8 * 1024 * 1024
+# How long a kill may wait to be written to the channel before the host gives up on
+# the relay and closes the channel (which ends the relay, then the process or
+# container behind it).
+KILL_DEADLINE = 3.0
+# Frames from the relay are small: script output comes in 64 KiB pieces and RPC bytes
+# in 256 KiB pieces (docs/protocol.md, 7.2).
+CHANNEL_FRAME_LIMIT = 1024 * 1024
 
 
 class _ChannelWriter:
-    """Frames to the relay, written whole, one at a time."""
+    """Frames to the relay, written whole and in order by one task (:meth:`run`).
 
-    def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
+    :meth:`send` queues a frame and waits only while the queue is over its limit;
+    :meth:`put_first` queues one ahead of all others and never waits (the kill).
+    """
+
+    def __init__(self, stream: anyio.abc.ByteSendStream, limit: int = _CHANNEL_QUEUE_LIMIT):
         self._stream = stream
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._limit = limit
+        self._queue: deque[tuple[bytes, anyio.Event | None]] = deque()
+        self._queued = 0
+        self._ready = anyio.Event()
+        self._drained = anyio.Event()
         self.broken = False
 
-    async def send(self, message: dict[str, Any]) -> None:
+    def _put(self, message: dict[str, Any], *, first: bool) -> anyio.Event:
+        if self.broken:
+            raise anyio.BrokenResourceError
         frame = encode_frame(message)
-        async with self._lock:
-            if self.broken:
-                raise anyio.BrokenResourceError
-            try:
+        written = anyio.Event()
+        if first:
+            self._queue.appendleft((frame, written))
+        else:
+            self._queue.append((frame, None))
+        self._queued += len(frame)
+        self._ready.set()
+        return written
+
+    def put_first(self, message: dict[str, Any]) -> anyio.Event:
+        """Queue ``message`` before everything else; the event is set once written."""
+        return self._put(message, first=True)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self._put(message, first=False)
+        while self._queued > self._limit and not self.broken:
+            await self._drained.wait()
+        if self.broken:
+            raise anyio.BrokenResourceError
+
+    def _break(self) -> None:
+        self.broken = True
+        self._queue.clear()
+        self._drained.set()
+
+    async def run(self) -> None:
+        """Write queued frames until cancelled or the channel breaks."""
+        try:
+            while True:
+                while not self._queue:
+                    self._ready = anyio.Event()
+                    await self._ready.wait()
+                frame, written = self._queue.popleft()
+                self._queued -= len(frame)
+                if self._queued <= self._limit:
+                    self._drained.set()
+                    self._drained = anyio.Event()
                 await self._stream.send(frame)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                self.broken = True
-                raise anyio.BrokenResourceError from None
+                if written is not None:
+                    written.set()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._break()
 
 
 class _RelayedConnection:
@@ -62,7 +113,8 @@ class _RelayedConnection:
 
     Frames are decoded as they come; a request that can be answered at once is
     answered from the demultiplexer, the others each in a task (as
-    :class:`rpc.server.RPCProtocol` does for a socket on the host).
+    :class:`rpc.server.RPCProtocol` does for a socket on the host). After the script
+    shuts its side (``eof``), the calls in flight still answer, then the host closes.
     """
 
     def __init__(
@@ -72,7 +124,9 @@ class _RelayedConnection:
         self._server = server
         self._writer = writer
         self._tasks = tasks
-        self._decoder = FrameDecoder(server.max_frame_size)
+        self._reader = RequestReader(server)
+        self._in_flight = 0
+        self._input_ended = False
         self.closed = False
 
     async def _send(self, reply: dict[str, Any]) -> None:
@@ -85,27 +139,44 @@ class _RelayedConnection:
         except anyio.BrokenResourceError:
             pass
 
-    async def _answer_later(self, message: dict[str, Any]) -> None:
-        await self._send(await self._server.reply_later(message))
+    async def _answer_later(self, request: Request) -> None:
+        try:
+            await self._send(await self._server.reply_later(request))
+        finally:
+            self._in_flight -= 1
+            if self._input_ended and not self._in_flight:
+                await self.close()
 
     async def feed(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self._input_ended:
             return
         try:
-            for message in self._decoder.feed(data):
-                reply = self._server.reply_now(message)
-                if reply is not None:
-                    await self._send(reply)
-                else:
-                    self._tasks.start_soon(self._answer_later, message)
+            for item in self._reader.feed(data):
+                if isinstance(item, Request):
+                    reply = self._server.reply_now(item)
+                    if reply is None:
+                        self._in_flight += 1
+                        self._tasks.start_soon(self._answer_later, item)
+                        continue
+                    item = reply
+                await self._send(item)
         except FrameError as exc:
             await self._send(self._server.framing_refusal(exc))
+            await self.close()
+
+    async def end_of_input(self) -> None:
+        """The script shut its writing side: answer what is in flight, then close."""
+        self._input_ended = True
+        if self._reader.inside_frame:
+            await self.close()  # it ended inside a frame: nothing more can be answered
+        elif not self._in_flight:
             await self.close()
 
     def forget(self) -> None:
         """The connection is over (closed by the script, or the run ended)."""
         if not self.closed:
             self.closed = True
+            self._reader.close()
             self._server.connections -= 1
 
     async def close(self) -> None:
@@ -151,11 +222,11 @@ class RelaySession:
         channel: anyio.abc.ByteStream,
         server: RPCServer,
         *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_frame_size: int = CHANNEL_FRAME_LIMIT,
     ) -> None:
         self._channel = channel
         self._server = server
-        self._max_frame_size = max_frame_size
+        self._max_frame_size = max_frame_size  # of the channel's frames from the relay
         self._writer = _ChannelWriter(channel)
         out_send, out_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
         err_send, err_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
@@ -186,6 +257,7 @@ class RelaySession:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
+                tasks.start_soon(self._writer.run)
                 tasks.start_soon(self._demultiplex)
                 try:
                     yield self
@@ -233,18 +305,29 @@ class RelaySession:
         return self.exit_code
 
     async def kill(self, grace: float = 2.0) -> None:
-        """Have the relay kill the script's whole tree; wait until it reports the exit."""
+        """Have the relay kill the script's whole tree; wait until it reports the exit.
+
+        The kill is written before anything else queued. If it cannot be written within
+        :data:`KILL_DEADLINE` (the relay stopped reading), or the relay does not report
+        the exit in time, the channel is closed: the relay then kills everything when
+        its input ends, and the backend closes what is left (process, channel, container).
+        """
         if self._exited.is_set():
             return
         try:
-            await self._writer.send({"op": "kill", "grace": grace})
+            written = self._writer.put_first({"op": "kill", "grace": grace})
         except anyio.BrokenResourceError:
             self._mark_exit(-9, "the relay channel broke")
             return
-        with anyio.move_on_after(grace + 10):
-            await self._exited.wait()
+        with anyio.move_on_after(KILL_DEADLINE):
+            await written.wait()
+        if written.is_set():
+            with anyio.move_on_after(grace + 10):
+                await self._exited.wait()
         if not self._exited.is_set():
             self._mark_exit(-9, "the relay did not report the script's exit after a kill")
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await self._channel.aclose()
 
     async def aclose(self) -> None:
         await self.kill(0)
@@ -279,8 +362,16 @@ class RelaySession:
                     connection = self._connections.get(message.get("conn", -1))
                     if connection is not None:
                         await connection.feed(message.get("data") or b"")
+                        if connection.closed:
+                            self._connections.pop(connection.conn_id, None)
                 elif op == "open":
                     await self._open(int(message["conn"]))
+                elif op == "eof":
+                    connection = self._connections.get(message.get("conn", -1))
+                    if connection is not None:
+                        await connection.end_of_input()
+                        if connection.closed:
+                            self._connections.pop(connection.conn_id, None)
                 elif op == "close":
                     connection = self._connections.pop(message.get("conn", -1), None)
                     if connection is not None:
