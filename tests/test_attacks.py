@@ -11,7 +11,6 @@ memory are measured here; a test that hangs fails on the short per-test timeout.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import threading
 import time
@@ -117,9 +116,7 @@ def runner(target: tuple[str, str], tmp_path: Path) -> Callable[..., ExecutionRe
         options.setdefault("timeout", 20.0)
         options.setdefault("spill_dir", str(tmp_path / "spill"))
         if backend == "docker":
-            options.setdefault(
-                "backend_options", {"image": IMAGE, "labels": {TEST_LABEL: RUN_ID}}
-            )
+            options.setdefault("backend_options", {"image": IMAGE, "labels": {TEST_LABEL: RUN_ID}})
         return execute_code(
             RAW + textwrap.dedent(code), backend=backend, transport=transport, **options
         )
@@ -298,9 +295,7 @@ def test_a_script_that_floods_requests_and_never_reads_is_still_killed_on_time(
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("target", SOCKET_TARGETS, indirect=True, ids=lambda t: "-".join(t))
-def test_a_half_closed_connection_gets_its_replies(
-    target: tuple[str, str], tmp_path: Path
-) -> None:
+def test_a_half_closed_connection_gets_its_replies(target: tuple[str, str], tmp_path: Path) -> None:
     result = runner(target, tmp_path)(
         """
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
