@@ -424,3 +424,49 @@ def test_the_default_frame_cap_is_a_few_mib() -> None:
     from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE
 
     assert DEFAULT_MAX_FRAME_SIZE == 4 * 2**20
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("target", RELAY_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_a_script_that_stops_its_relay_is_still_ended_on_time(
+    target: tuple[str, str], tmp_path: Path
+) -> None:
+    """The relay is the script's parent: SIGSTOP it and it reads nothing more, the
+    host's kill included. The host's deadline must end the run anyway."""
+    started = time.monotonic()
+    result = runner(target, tmp_path)(
+        """
+        import signal
+        print("stopping the relay", flush=True)
+        time.sleep(0.5)
+        os.kill(os.getppid(), signal.SIGSTOP)
+        time.sleep(120)
+        """,
+        timeout=3.0,
+    )
+    elapsed = time.monotonic() - started
+    assert result.status in ("timeout", "error"), result.output
+    assert elapsed < 40, f"a 3 s timeout took {elapsed:.0f} s to enforce"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", TARGETS[:3], indirect=True, ids=lambda t: "-".join(t))
+def test_a_request_over_the_cap_gets_a_clear_error_from_the_stub(
+    target: tuple[str, str], tmp_path: Path
+) -> None:
+    result = runner(target, tmp_path)(
+        f"""
+        from hermes_tools import write_file
+        big = write_file(path={str(tmp_path / "big.txt")!r}, content="x" * (5 * 2**20))
+        print(big["error_kind"])
+        print(big["error"])
+        small = write_file(path={str(tmp_path / "small.txt")!r}, content="fine")
+        print("error" in small)
+        """
+    )
+    assert result.status == "success", result.output
+    kind_line, message, small_failed = _lines(result)[:3]
+    assert kind_line == "frame_too_large", result.output
+    assert "4194304" in message and "open()" in message, message
+    assert small_failed == "False", result.output
+    assert not (tmp_path / "big.txt").exists()
