@@ -16,6 +16,7 @@ the output caps and the timeout, with one round trip per call.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -31,10 +32,14 @@ from hermes_sandbox.rpc.framing import encode_frame, iter_messages
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RequestReader, RPCServer
 
+log = logging.getLogger(__name__)
+
 _OUTPUT_BUFFER = 64  # chunks of script output held before the relay is made to wait
-# Bytes queued for the relay before senders wait: the relay reads its channel all the
-# time (it never blocks on a script's connection), so this fills only if it is stuck.
-_CHANNEL_QUEUE_LIMIT = 8 * 1024 * 1024
+# Bytes of replies queued for one of the script's connections, and for all, before the
+# connection that would pass them is dropped (its script does not read its replies).
+# A reply alone in the queue always fits, however large.
+CONNECTION_QUEUE_LIMIT = 8 * 1024 * 1024
+CHANNEL_QUEUE_LIMIT = 32 * 1024 * 1024
 # How long a kill may wait to be written to the channel before the host gives up on
 # the relay and closes the channel (which ends the relay, then the process or
 # container behind it).
@@ -47,47 +52,46 @@ CHANNEL_FRAME_LIMIT = 1024 * 1024
 class _ChannelWriter:
     """Frames to the relay, written whole and in order by one task (:meth:`run`).
 
-    :meth:`send` queues a frame and waits only while the queue is over its limit;
-    :meth:`put_first` queues one ahead of all others and never waits (the kill).
+    Queuing never waits, so the task that reads the channel never stops reading it:
+    :meth:`put` queues a frame (refusing a connection's reply past the queue limits),
+    :meth:`put_first` queues one ahead of all others (the kill).
     """
 
-    def __init__(self, stream: anyio.abc.ByteSendStream, limit: int = _CHANNEL_QUEUE_LIMIT):
+    def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
         self._stream = stream
-        self._limit = limit
-        self._queue: deque[tuple[bytes, anyio.Event | None]] = deque()
+        self._queue: deque[tuple[bytes, int | None, anyio.Event | None]] = deque()
         self._queued = 0
+        self._per_connection: dict[int, int] = {}
         self._ready = anyio.Event()
-        self._drained = anyio.Event()
         self.broken = False
 
-    def _put(self, message: dict[str, Any], *, first: bool) -> anyio.Event:
+    def put(self, message: dict[str, Any], *, conn: int | None = None) -> bool:
+        """Queue ``message``; False if it is a reply for ``conn`` over the limits."""
+        if self.broken:
+            return False
+        frame = encode_frame(message)
+        if conn is not None:
+            held = self._per_connection.get(conn, 0)
+            if held and held + len(frame) > CONNECTION_QUEUE_LIMIT:
+                return False
+            if self._queued and self._queued + len(frame) > CHANNEL_QUEUE_LIMIT:
+                return False
+            self._per_connection[conn] = held + len(frame)
+        self._queue.append((frame, conn, None))
+        self._queued += len(frame)
+        self._ready.set()
+        return True
+
+    def put_first(self, message: dict[str, Any]) -> anyio.Event:
+        """Queue ``message`` before everything else; the event is set once written."""
         if self.broken:
             raise anyio.BrokenResourceError
         frame = encode_frame(message)
         written = anyio.Event()
-        if first:
-            self._queue.appendleft((frame, written))
-        else:
-            self._queue.append((frame, None))
+        self._queue.appendleft((frame, None, written))
         self._queued += len(frame)
         self._ready.set()
         return written
-
-    def put_first(self, message: dict[str, Any]) -> anyio.Event:
-        """Queue ``message`` before everything else; the event is set once written."""
-        return self._put(message, first=True)
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self._put(message, first=False)
-        while self._queued > self._limit and not self.broken:
-            await self._drained.wait()
-        if self.broken:
-            raise anyio.BrokenResourceError
-
-    def _break(self) -> None:
-        self.broken = True
-        self._queue.clear()
-        self._drained.set()
 
     async def run(self) -> None:
         """Write queued frames until cancelled or the channel breaks."""
@@ -96,16 +100,18 @@ class _ChannelWriter:
                 while not self._queue:
                     self._ready = anyio.Event()
                     await self._ready.wait()
-                frame, written = self._queue.popleft()
+                frame, conn, written = self._queue.popleft()
                 self._queued -= len(frame)
-                if self._queued <= self._limit:
-                    self._drained.set()
-                    self._drained = anyio.Event()
+                if conn is not None:
+                    left = self._per_connection.pop(conn) - len(frame)
+                    if left:
+                        self._per_connection[conn] = left
                 await self._stream.send(frame)
                 if written is not None:
                     written.set()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self._break()
+            self.broken = True
+            self._queue.clear()
 
 
 class _RelayedConnection:
@@ -115,6 +121,7 @@ class _RelayedConnection:
     answered from the demultiplexer, the others each in a task (as
     :class:`rpc.server.RPCProtocol` does for a socket on the host). After the script
     shuts its side (``eof``), the calls in flight still answer, then the host closes.
+    A connection whose replies back up past the writer's limits is dropped.
     """
 
     def __init__(
@@ -129,25 +136,25 @@ class _RelayedConnection:
         self._input_ended = False
         self.closed = False
 
-    async def _send(self, reply: dict[str, Any]) -> None:
+    def _send(self, reply: dict[str, Any]) -> None:
         if self.closed:
             return
-        try:
-            await self._writer.send(
-                {"op": "rpc", "conn": self.conn_id, "data": encode_frame(reply)}
+        message = {"op": "rpc", "conn": self.conn_id, "data": encode_frame(reply)}
+        if not self._writer.put(message, conn=self.conn_id):
+            log.warning(
+                "dropping relayed RPC connection %d: its replies are not read", self.conn_id
             )
-        except anyio.BrokenResourceError:
-            pass
+            self.close()
 
     async def _answer_later(self, request: Request) -> None:
         try:
-            await self._send(await self._server.reply_later(request))
+            self._send(await self._server.reply_later(request))
         finally:
             self._in_flight -= 1
             if self._input_ended and not self._in_flight:
-                await self.close()
+                self.close()
 
-    async def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> None:
         if self.closed or self._input_ended:
             return
         try:
@@ -159,18 +166,18 @@ class _RelayedConnection:
                         self._tasks.start_soon(self._answer_later, item)
                         continue
                     item = reply
-                await self._send(item)
+                self._send(item)
+                if self.closed:
+                    return
         except FrameError as exc:
-            await self._send(self._server.framing_refusal(exc))
-            await self.close()
+            self._send(self._server.framing_refusal(exc))
+            self.close()
 
-    async def end_of_input(self) -> None:
+    def end_of_input(self) -> None:
         """The script shut its writing side: answer what is in flight, then close."""
         self._input_ended = True
-        if self._reader.inside_frame:
-            await self.close()  # it ended inside a frame: nothing more can be answered
-        elif not self._in_flight:
-            await self.close()
+        if self._reader.inside_frame or not self._in_flight:
+            self.close()  # nothing more can be answered
 
     def forget(self) -> None:
         """The connection is over (closed by the script, or the run ended)."""
@@ -179,15 +186,12 @@ class _RelayedConnection:
             self._reader.close()
             self._server.connections -= 1
 
-    async def close(self) -> None:
+    def close(self) -> None:
         """Close from the host's side, and tell the relay."""
         if self.closed:
             return
         self.forget()
-        try:
-            await self._writer.send({"op": "close", "conn": self.conn_id})
-        except anyio.BrokenResourceError:
-            pass
+        self._writer.put({"op": "close", "conn": self.conn_id})
 
 
 class _OutputStream(anyio.abc.ByteReceiveStream):
@@ -284,7 +288,7 @@ class RelaySession:
         marker: str | None = None,
     ) -> None:
         """Ask the relay to start the script; raise RelayError if it cannot."""
-        await self._writer.send(
+        self._writer.put(
             {
                 "op": "run",
                 "argv": list(argv),
@@ -361,7 +365,7 @@ class RelaySession:
                 elif op == "rpc":
                     connection = self._connections.get(message.get("conn", -1))
                     if connection is not None:
-                        await connection.feed(message.get("data") or b"")
+                        connection.feed(message.get("data") or b"")
                         if connection.closed:
                             self._connections.pop(connection.conn_id, None)
                 elif op == "open":
@@ -369,7 +373,7 @@ class RelaySession:
                 elif op == "eof":
                     connection = self._connections.get(message.get("conn", -1))
                     if connection is not None:
-                        await connection.end_of_input()
+                        connection.end_of_input()
                         if connection.closed:
                             self._connections.pop(connection.conn_id, None)
                 elif op == "close":
@@ -398,14 +402,9 @@ class RelaySession:
     async def _open(self, conn_id: int) -> None:
         assert self._tasks is not None
         if not self._server.admit_connection():
-            await self._writer.send(
-                {
-                    "op": "rpc",
-                    "conn": conn_id,
-                    "data": encode_frame(self._server.TOO_MANY_CONNECTIONS),
-                }
-            )
-            await self._writer.send({"op": "close", "conn": conn_id})
+            refusal = encode_frame(self._server.TOO_MANY_CONNECTIONS)
+            self._writer.put({"op": "rpc", "conn": conn_id, "data": refusal})
+            self._writer.put({"op": "close", "conn": conn_id})
             return
         self._connections[conn_id] = _RelayedConnection(
             conn_id, self._server, self._writer, self._tasks

@@ -44,6 +44,8 @@ _DRAIN_SECONDS = 2.0
 # Replies held for one connection that its script does not read; past this the
 # connection is dropped. Above any one reply the host sends in practice.
 _CONN_OUTPUT_LIMIT = 32 * 1024 * 1024
+# Bytes waiting for the host past which the relay stops reading the script.
+_CHANNEL_PAUSE = 1024 * 1024
 _RELAY_ONLY_VARS = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
 
 
@@ -75,6 +77,9 @@ class Relay(object):
         self.pipes = {}
         self.exit_code = None
         self.killing = False
+        self.chan_out = bytearray()  # frames for the host not yet written
+        self.chan_waiting = False  # the channel is selected for writing
+        self.paused = False  # too much waits for the host: the script is not read
         self.sigchld_r, self.sigchld_w = os.pipe()
         os.set_blocking(self.sigchld_w, False)
         os.set_blocking(self.sigchld_r, False)
@@ -82,10 +87,51 @@ class Relay(object):
     # -- channel -----------------------------------------------------------------------
     def send(self, message):
         body = _pack(message)
-        data = _HEADER.pack(len(body)) + body
-        view = memoryview(data)
-        while view:  # blocking writes: the host reads the channel continuously
-            view = view[os.write(self.cout, view) :]
+        self.chan_out += _HEADER.pack(len(body)) + body
+        self.flush_channel()
+
+    def flush_channel(self):
+        """Write what the channel accepts now. While more than a bound waits, stop
+        reading the script (its connections and output), never the host's input."""
+        try:
+            while self.chan_out:
+                written = os.write(self.cout, self.chan_out[:262144])
+                del self.chan_out[:written]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the host is gone
+            self.chan_out.clear()
+        pending = bool(self.chan_out)
+        if pending != self.chan_waiting:
+            self.chan_waiting = pending
+            if pending:
+                self.sel.register(self.cout, selectors.EVENT_WRITE, ("channel_out", None))
+            else:
+                self.sel.unregister(self.cout)
+        paused = len(self.chan_out) > _CHANNEL_PAUSE
+        if paused != self.paused:
+            self.paused = paused
+            for conn_id in list(self.conns):
+                self.watch_conn(conn_id)
+            for fd in self.pipes:
+                if paused:
+                    self.sel.unregister(fd)
+                else:
+                    self.sel.register(fd, selectors.EVENT_READ, ("out", self.pipes[fd][0]))
+
+    def flush_channel_blocking(self):
+        """Write everything still queued, waiting as long as it takes (at the end)."""
+        if self.chan_waiting:
+            self.sel.unregister(self.cout)
+            self.chan_waiting = False
+        os.set_blocking(self.cout, True)
+        try:
+            while self.chan_out:
+                written = os.write(self.cout, self.chan_out[:262144])
+                del self.chan_out[:written]
+        except OSError:
+            self.chan_out.clear()
+        self.flush_channel()  # resumes reading the script
 
     def read_channel(self):
         try:
@@ -169,7 +215,8 @@ class Relay(object):
         for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)
-            self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
+            if not self.paused:
+                self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
         self.send({"op": "started", "pid": self.child.pid})
 
     def read_output(self, fd):
@@ -183,7 +230,10 @@ class Relay(object):
         if data:
             self.send({"op": "out", "fd": fd_number, "data": data})
         else:
-            self.sel.unregister(fd)
+            try:
+                self.sel.unregister(fd)
+            except KeyError:  # not selected while paused
+                pass
             pipe.close()
             del self.pipes[fd]
 
@@ -198,6 +248,7 @@ class Relay(object):
 
     def finish(self):
         """The script exited: remove what it left, drain its output, report."""
+        self.flush_channel_blocking()  # from here on the channel is written blocking
         self.kill_tree(2.0)
         deadline = time.monotonic() + _DRAIN_SECONDS
         while self.pipes and time.monotonic() < deadline:
@@ -225,7 +276,7 @@ class Relay(object):
         """Select on what the connection waits for: input until its end, and output
         while some is queued."""
         conn = self.conns[conn_id]
-        events = 0 if conn.input_ended else selectors.EVENT_READ
+        events = 0 if conn.input_ended or self.paused else selectors.EVENT_READ
         if conn.out:
             events |= selectors.EVENT_WRITE
         try:
@@ -398,6 +449,7 @@ class Relay(object):
     def fatal(self, message):
         try:
             self.send({"op": "error", "message": message})
+            self.flush_channel_blocking()
         finally:
             self.kill_tree(0)
             self.shutdown()
@@ -421,6 +473,7 @@ class Relay(object):
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.sigchld_w)
         os.set_blocking(self.cin, False)
+        os.set_blocking(self.cout, False)
         self.sel.register(self.cin, selectors.EVENT_READ, ("channel", None))
         self.sel.register(self.sigchld_r, selectors.EVENT_READ, ("sigchld", None))
         while not self.done:
@@ -433,6 +486,8 @@ class Relay(object):
                         self.read_output(key.fd)
                 elif kind == "conn":
                     self.conn_ready(arg, events)
+                elif kind == "channel_out":
+                    self.flush_channel()
                 elif kind == "accept":
                     self.accept()
                 elif kind == "sigchld":
@@ -444,6 +499,7 @@ class Relay(object):
                     break
             if not self.done and self.child_exited():
                 self.finish()
+        self.flush_channel_blocking()
 
 
 def main():
