@@ -54,20 +54,16 @@ ERROR_KINDS = frozenset(
 )
 
 _MAX_ID = 2**63 - 1
-# Encoded sizes past which a field is not decoded at all before the token is checked:
-# a key longer than any known one is an unknown key; a longer id, tool or token is
-# invalid. Each decode is then at most this many bytes, whatever the frame holds.
-_MAX_KEY_BYTES = 16
-MAX_FIELD_BYTES = 1024
-_TOO_LONG = object()
-_FIELDS = ("id", "tool", "token", "args")
-
-
-def _decode_small(data: memoryview) -> Any:
-    try:
-        return msgpack.unpackb(data, raw=False, max_ext_len=0)
-    except Exception as exc:  # ext types, bad UTF-8, ...: the frame is malformed
-        raise FrameError(f"frame body is not valid msgpack: {exc}") from exc
+# Longest tool name accepted. The token has no limit of its own: one of another length
+# simply does not match.
+MAX_TOOL_NAME = 1024
+_INVALID = object()  # a field whose value is a container or an ext: never decoded
+_FIELDS = ("id", "tool", "token")
+# First bytes of the msgpack types that hold other values (map, array) or are
+# extensions: skipped, never built, in the envelope.
+_NESTED = frozenset(
+    [*range(0x80, 0xA0), 0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xDC, 0xDD, 0xDE, 0xDF]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,40 +79,40 @@ class Envelope:
     def parse(cls, body: bytes) -> Envelope:
         """Walk one frame body; raise :class:`FrameError` unless it is one msgpack map.
 
-        The cost is linear in the body and allocates nothing per element: values are
-        skipped, and only fields of at most :data:`MAX_FIELD_BYTES` are decoded.
+        The cost is linear in the body and allocates nothing per element: only scalar
+        keys and the scalar values of ``id``, ``tool`` and ``token`` are built (a string
+        at most the body's size); every other value is skipped unread.
         """
-        view = memoryview(body)
-        unpacker = msgpack.Unpacker(max_buffer_size=max(len(body), 1))
+        unpacker = msgpack.Unpacker(
+            raw=False, max_buffer_size=max(len(body), 1), max_ext_len=0, strict_map_key=False
+        )
         unpacker.feed(body)
         fields: dict[str, Any] = {}
+        args: memoryview | None = None
         try:
             entries = unpacker.read_map_header()
             for _ in range(entries):
-                start = unpacker.tell()
-                unpacker.skip()
-                key_end = unpacker.tell()
-                unpacker.skip()
-                end = unpacker.tell()
-                if key_end - start > _MAX_KEY_BYTES:
-                    continue  # longer than any key we know: an unknown key, ignored
-                key = _decode_small(view[start:key_end])
-                if key not in _FIELDS:
+                if body[unpacker.tell()] in _NESTED:
+                    unpacker.skip()  # a key that is a container: not one of ours
+                    unpacker.skip()
                     continue
+                key = unpacker.unpack()
+                start = unpacker.tell()
                 if key == "args":
-                    fields[key] = view[key_end:end]
-                elif end - key_end > MAX_FIELD_BYTES:
-                    fields[key] = _TOO_LONG
+                    unpacker.skip()
+                    args = memoryview(body)[start : unpacker.tell()]
+                elif key in _FIELDS and body[start] not in _NESTED:
+                    fields[key] = unpacker.unpack()
                 else:
-                    fields[key] = _decode_small(view[key_end:end])
+                    unpacker.skip()
+                    if key in _FIELDS:
+                        fields[key] = _INVALID
             trailing = len(body) - unpacker.tell()
-        except FrameError:
-            raise
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise FrameError(f"frame body is not a valid msgpack map: {exc}") from exc
         if trailing:
             raise FrameError(f"frame body has {trailing} bytes after its map")
-        return cls(fields.get("id"), fields.get("tool"), fields.get("token"), fields.get("args"))
+        return cls(fields.get("id"), fields.get("tool"), fields.get("token"), args)
 
     @property
     def reply_id(self) -> int | None:
@@ -137,10 +133,10 @@ class Envelope:
         if request_id is None:
             raise CallRefused(BAD_REQUEST, "request 'id' must be a non-negative integer")
         tool = self.tool
-        if not isinstance(tool, str) or not tool:
+        if not isinstance(tool, str) or not tool or len(tool) > MAX_TOOL_NAME:
             raise CallRefused(
                 BAD_REQUEST,
-                f"request 'tool' must be a non-empty string of at most {MAX_FIELD_BYTES} bytes",
+                f"request 'tool' must be a non-empty string of at most {MAX_TOOL_NAME} characters",
             )
         if not isinstance(self.token, str):
             raise CallRefused(UNAUTHORIZED, "request carries no token")
