@@ -289,15 +289,22 @@ class FileChannel:
             reason = exc.strerror or type(exc).__name__
             return key, messages.error_reply(None, messages.BAD_FRAME, f"unreadable: {reason}")
 
-    def _take_all(self) -> tuple[int, list[tuple[str, bytes | dict[str, Any]]]]:
+    def _take_all(self) -> tuple[int, bool, list[tuple[str, bytes | dict[str, Any]]]]:
+        """Take the requests present, up to the run's cap on buffered bytes: (entries
+        seen, whether some were left for the next scan, what was taken)."""
         with os.scandir(self._fd) as entries:
             names = sorted(entry.name for entry in entries)
         taken = []
+        held = 0
         for name in names:
+            if held >= self._server.max_buffered_bytes:
+                return len(names), True, taken
             item = self._take(name)
             if item is not None:
                 taken.append(item)
-        return len(names), taken
+                if isinstance(item[1], bytes):
+                    held += len(item[1])
+        return len(names), False, taken
 
     # -- requests ----------------------------------------------------------------------
 
@@ -364,9 +371,10 @@ class FileChannel:
             item = reply
         return self._answer(key, item)
 
-    async def scan(self, tasks: anyio.abc.TaskGroup) -> int:
-        """Serve every request file present; return how many entries there were."""
-        count, taken = await self._in_thread(self._take_all)
+    async def scan(self, tasks: anyio.abc.TaskGroup) -> tuple[int, bool]:
+        """Serve the request files present: how many entries there were, and whether
+        some were left for the next scan (the run's cap on buffered bytes)."""
+        count, more, taken = await self._in_thread(self._take_all)
         replies = []
         for key, item in taken:
             frame = self._serve(key, item, tasks)
@@ -374,7 +382,7 @@ class FileChannel:
                 replies.append((key, frame))
         if replies:
             await self._in_thread(self._write_replies, replies)
-        return int(count)
+        return int(count), bool(more)
 
     async def run(self) -> None:
         """Serve until cancelled."""
@@ -385,7 +393,9 @@ class FileChannel:
                 while True:
                     if watcher is not None:
                         watcher.drain()  # before scanning: what comes after wakes us
-                    busy = await self.scan(tasks)
+                    busy, more = await self.scan(tasks)
+                    if more:
+                        continue
                     if watcher is not None:
                         with anyio.move_on_after(SAFETY_RESCAN):
                             await anyio.wait_readable(watcher.fd)

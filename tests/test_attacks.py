@@ -474,3 +474,30 @@ def test_a_request_over_the_cap_gets_a_clear_error_from_the_stub(
     assert "4194304" in message and "open()" in message, message
     assert small_failed == "False", result.output
     assert not (tmp_path / "big.txt").exists()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("target", FILES_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_many_large_request_files_are_taken_a_capped_batch_at_a_time(
+    target: tuple[str, str], tmp_path: Path, gauge: type[HostGauge]
+) -> None:
+    """Forty request files of nearly a frame each, dropped at once: the host takes them
+    a batch of at most the run's buffer cap at a time, and answers every one."""
+    with gauge() as host:
+        result = runner(target, tmp_path)(
+            """
+            pad = b"\\0" * (4 * 2**20 - 200)
+            body = body_of({"id": 1, "tool": "x", "token": "wrong", "pad": pad})
+            for i in range(40):
+                with open(os.path.join(RPC_DIR, ".big%d" % i), "wb") as f:
+                    f.write(frame(body))
+            for i in range(40):
+                name = os.path.join(RPC_DIR, "big%d" % i)
+                os.rename(os.path.join(RPC_DIR, ".big%d" % i), name + ".req")
+            print(sorted(set(kind(wait_reply("big%d" % i, timeout=60)) for i in range(40))))
+            """,
+            timeout=80.0,
+        )
+    assert result.status == "success", result.output
+    assert _lines(result) == ["['unauthorized']"], result.output
+    assert host.growth_mib < 60, f"host RSS grew {host.growth_mib:.0f} MiB"
