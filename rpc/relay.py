@@ -141,9 +141,8 @@ class _RelayedConnection:
             return
         message = {"op": "rpc", "conn": self.conn_id, "data": encode_frame(reply)}
         if not self._writer.put(message, conn=self.conn_id):
-            log.warning(
-                "dropping relayed RPC connection %d: its replies are not read", self.conn_id
-            )
+            if not self._writer.broken:
+                log.warning("dropping relayed connection %d: replies not read", self.conn_id)
             self.close()
 
     async def _answer_later(self, request: Request) -> None:
