@@ -53,12 +53,12 @@ CATEGORIES: list[tuple[str, list[str]]] = [
     ("anyio stream send (send, checkpoint)", ["UNIXSocketStream.send", "_send_quietly"]),
     (
         "msgpack and framing",
-        ["packb", "unpackb", "decode_body", "encode_frame", "FrameDecoder.feed", "_unpack"],
+        ["packb", "unpackb", "decode_body", "encode_frame", "FrameSplitter.feed", "_unpack"],
     ),
     ("JSON (tool result, client parse)", ["json/", "JSONDecoder", "JSONEncoder", "echo_tool"]),
     (
         "request checks (Request, token, gate, budget, registry)",
-        ["from_message", "_authorized", "ToolGate", "try_spend", "adispatch", "_finish"],
+        ["Envelope", "RequestReader", "ToolGate", "try_spend", "adispatch", "_finish"],
     ),
     ("client bookkeeping (locks, ids, environ)", ["hermes_tools"]),
     ("event loop machinery", ["_run_once", "Handle._run", "TaskHandle._run_coro"]),

@@ -12,14 +12,11 @@ place, so a reader never sees half a file::
 ``<pid>-<random>-<request id>``); 1 to 100 of ``[A-Za-z0-9_-]``. Names starting with
 ``.`` are temporary files and ignored. See docs/protocol.md, "Files".
 
-What this fixes of the reference's file RPC: every request gets a reply, malformed and
-unauthorized ones included (the reference deleted them and its caller waited out 300
-s); files already in the directory when serving starts are removed first, never run;
-a request that arrives again under a key already seen never runs its tool twice (the
-first reply is written again, or an error once that reply is forgotten); and the host
-wakes on inotify events rather than polling every 50-250 ms, so a call costs
-milliseconds. Where inotify is not available (not Linux), it polls with a short
-back-off instead.
+Every request gets a reply, malformed and unauthorized ones included; files already
+in the directory when serving starts are removed first, never run; a request that
+arrives again under a key already seen never runs its tool twice. The host wakes on
+inotify events (Linux), else polls with a short back-off. What a hostile script can
+and cannot do to the host through this directory is in docs/security.md, "Transports".
 """
 
 from __future__ import annotations
@@ -30,6 +27,8 @@ import errno
 import logging
 import os
 import re
+import secrets
+import stat
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,10 +36,12 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import FrameError
-from hermes_sandbox.rpc.framing import HEADER, HEADER_SIZE, decode_body, encode_frame
+from hermes_sandbox.rpc.framing import HEADER, HEADER_SIZE, encode_frame
+from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ KEPT_REPLIES = 256
 # filesystem that does not report them); the poll back-off where inotify is missing.
 SAFETY_RESCAN = 0.5
 POLL_MIN, POLL_MAX = 0.0005, 0.01
+# Worker threads of one channel's file I/O: its own limiter, so a stuck filesystem
+# never takes the threads that the rest of the run (the kill path) needs.
+FILE_THREADS = 2
 
 _IN_MOVED_TO = 0x00000080
 _IN_CLOSE_WRITE = 0x00000008
@@ -96,172 +100,302 @@ def _watcher(directory: str) -> _Inotify | None:
         return None
 
 
+class _Refusal(Exception):
+    """A request file that is not served: the error reply to write instead."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.reply = messages.error_reply(None, kind, message)
+
+
 class FileChannel:
-    """Serves the request files of one run's directory with an :class:`RPCServer`."""
+    """Serves the request files of one run's directory with an :class:`RPCServer`.
+
+    The directory is opened once (``O_DIRECTORY | O_NOFOLLOW``) and every operation is
+    relative to that handle, so a script that renames the directory away and puts a
+    symlink in its place moves nothing: the host goes on serving the directory it
+    opened, wherever it now is, and never looks inside the symlink's target. Requests
+    are opened ``O_NONBLOCK | O_NOFOLLOW`` and refused unread unless they are regular
+    files with one link. File I/O runs in worker threads of the channel's own limiter,
+    never on the event loop or in anyio's shared pool. Use :meth:`open` /
+    :meth:`aclose` (or :func:`serve_files`).
+    """
 
     def __init__(self, server: RPCServer, directory: str) -> None:
         self._server = server
         self._directory = directory
+        self._fd = -1
+        self._limiter = anyio.CapacityLimiter(FILE_THREADS)
         self._seen: set[str] = set()
+        self._in_flight: set[str] = set()  # keys whose tool still runs
+        # Entries refused and not removable (a non-empty directory): never looked at again.
+        self._ignored: set[tuple[str, int]] = set()
         self._replies: OrderedDict[str, bytes] = OrderedDict()
         self.requests_served = 0
 
-    # -- files -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the directory; raise OSError if it is not a directory (or a symlink)."""
+        self._fd = os.open(
+            self._directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self._directory, name)
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def watch_path(self) -> str:
+        """A path naming the opened directory itself (for inotify), not its old name."""
+        proc = f"/proc/self/fd/{self._fd}"
+        return proc if os.path.isdir(proc) else self._directory
+
+    async def _in_thread(self, function: Any, *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(function, *args, limiter=self._limiter)
+
+    # -- files (called in worker threads) ----------------------------------------------
+
+    def _remove(self, name: str) -> bool:
+        """Remove an entry of the directory, whatever it is; False if it could not be."""
+        try:
+            os.unlink(name, dir_fd=self._fd)
+            return True
+        except FileNotFoundError:
+            return True
+        except IsADirectoryError:
+            pass
+        except PermissionError:  # EPERM: Linux's unlink of a directory
+            pass
+        except OSError:
+            return False
+        try:
+            os.rmdir(name, dir_fd=self._fd)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     def remove_stale(self) -> list[str]:
-        """Remove every file already in the directory (an earlier run's); return names."""
+        """Remove every entry already in the directory (an earlier run's); return names."""
         removed = []
-        for entry in os.scandir(self._directory):
-            if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                try:
-                    os.unlink(entry.path)
-                    removed.append(entry.name)
-                except FileNotFoundError:
-                    pass
+        with os.scandir(self._fd) as entries:
+            names = [entry.name for entry in entries]
+        for name in names:
+            if self._remove(name):
+                removed.append(name)
         if removed:
-            log.info("removed %d stale files from %s", len(removed), self._directory)
+            log.info("removed %d stale entries from %s", len(removed), self._directory)
         return removed
 
     def _write_reply(self, key: str, frame: bytes) -> None:
-        temporary = self._path(f".{key}{REPLY_SUFFIX}.tmp")
+        # A fresh temporary name, created exclusively: nothing the script planted there
+        # (a FIFO, a symlink) is opened.
+        temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            fd = os.open(
+                temporary,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=self._fd,
+            )
             try:
                 view = memoryview(frame)
                 while view:
                     view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
-            os.replace(temporary, self._path(key + REPLY_SUFFIX))
-        except OSError as exc:  # the directory went away: the run is ending
+            os.rename(temporary, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except OSError as exc:  # the directory is full or its reply name is taken
             log.warning("could not write the reply to %s: %s", key, exc)
+            self._remove(temporary)
 
-    def _take_request(self, name: str) -> bytes | dict[str, Any]:
-        """Read and remove a request file: its bytes, or the refusal to send instead."""
-        path = self._path(name)
-        limit = self._server.max_frame_size
+    def _write_replies(self, replies: list[tuple[str, bytes]]) -> None:
+        for key, frame in replies:
+            self._write_reply(key, frame)
+
+    def _read_request(self, name: str) -> bytes:
+        """Read and remove a request file; raise :class:`_Refusal` for anything but a
+        regular file with one link and at most one frame's size (never echoing it)."""
+        limit = HEADER_SIZE + self._server.max_frame_size
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                os.unlink(path)
-                return messages.error_reply(None, messages.BAD_FRAME, "request is a symlink")
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd
+            )
+        except FileNotFoundError:
             raise
+        except OSError as exc:
+            what = "a symlink" if exc.errno == errno.ELOOP else f"not readable ({exc.strerror})"
+            raise _Refusal(messages.BAD_FRAME, f"request file is {what}; refused") from None
         try:
-            size = os.fstat(fd).st_size
-            if size > HEADER_SIZE + limit:
-                return messages.error_reply(
-                    None,
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _Refusal(
+                    messages.BAD_FRAME,
+                    "request is not a regular file; write it to a temporary name "
+                    "and rename it to <key>.req",
+                )
+            if info.st_nlink != 1:
+                raise _Refusal(
+                    messages.BAD_FRAME,
+                    "request file has other hard links; write a new file to a temporary "
+                    "name and rename it to <key>.req",
+                )
+            if info.st_size > limit:
+                raise _Refusal(
                     messages.FRAME_TOO_LARGE,
-                    f"request file is {size} bytes, over the {limit}-byte frame limit",
+                    f"request file is over the {self._server.max_frame_size}-byte frame "
+                    "limit; send less per call",
                 )
             chunks = []
-            while chunk := os.read(fd, 1 << 20):
+            size = 0
+            while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
                 chunks.append(chunk)
+                size += len(chunk)
+            if size > limit:
+                raise _Refusal(messages.FRAME_TOO_LARGE, "request file grew while read")
             return b"".join(chunks)
         finally:
             os.close(fd)
-            os.unlink(path)
+            self._remove(name)
+
+    def _take(self, name: str) -> tuple[str, bytes | dict[str, Any]] | None:
+        """What to do with one entry: (key, request bytes or refusal), or None to skip."""
+        if name.startswith(".") or name.endswith(REPLY_SUFFIX):
+            return None  # a temporary file, or a reply not yet collected
+        key = name[: -len(REQUEST_SUFFIX)] if name.endswith(REQUEST_SUFFIX) else ""
+        try:
+            inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            return None
+        if (name, inode) in self._ignored:
+            return None
+        if not KEY_RE.match(key):
+            log.warning("removing %r from the RPC directory: not a request file name", name)
+            if not self._remove(name):
+                self._ignored.add((name, inode))
+            return None
+        try:
+            return key, self._read_request(name)
+        except FileNotFoundError:
+            return None  # taken already
+        except _Refusal as refusal:
+            if not self._remove(name):
+                self._ignored.add((name, inode))  # answered once; never again
+            return key, refusal.reply
+        except OSError as exc:
+            if not self._remove(name):
+                self._ignored.add((name, inode))
+            reason = exc.strerror or type(exc).__name__
+            return key, messages.error_reply(None, messages.BAD_FRAME, f"unreadable: {reason}")
+
+    def _take_all(self) -> tuple[int, bool, list[tuple[str, bytes | dict[str, Any]]]]:
+        """Take the requests present, up to the run's cap on buffered bytes: (entries
+        seen, whether some were left for the next scan, what was taken)."""
+        with os.scandir(self._fd) as entries:
+            names = sorted(entry.name for entry in entries)
+        taken = []
+        held = 0
+        for name in names:
+            if held >= self._server.max_buffered_bytes:
+                return len(names), True, taken
+            item = self._take(name)
+            if item is not None:
+                taken.append(item)
+                if isinstance(item[1], bytes):
+                    held += len(item[1])
+        return len(names), False, taken
 
     # -- requests ----------------------------------------------------------------------
 
-    def _message(self, data: bytes) -> dict[str, Any]:
-        """Decode a request file's contents: exactly one frame; raise FrameError."""
+    def _body(self, data: bytes) -> bytes:
+        """A request file's frame body: the file must be exactly one frame."""
         if len(data) < HEADER_SIZE:
-            raise FrameError(f"request file is {len(data)} bytes, shorter than a frame header")
+            raise FrameError("request file is shorter than a frame header")
         (size,) = HEADER.unpack_from(data)
         if size == 0 or HEADER_SIZE + size != len(data):
             raise FrameError(
-                f"request file holds {len(data) - HEADER_SIZE} body bytes, its header says {size}"
+                "request file is not exactly one frame: its header does not match its length"
             )
-        return decode_body(memoryview(data)[HEADER_SIZE:])
+        return data[HEADER_SIZE:]
 
     def _remember(self, key: str, frame: bytes) -> None:
         self._replies[key] = frame
         while len(self._replies) > KEPT_REPLIES:
             self._replies.popitem(last=False)
 
-    def _answer(self, key: str, reply: dict[str, Any]) -> None:
+    def _answer(self, key: str, reply: dict[str, Any]) -> bytes:
         frame = encode_frame(reply)
         self._remember(key, frame)
-        self._write_reply(key, frame)
+        return frame
 
-    async def _answer_later(self, key: str, message: dict[str, Any]) -> None:
-        self._answer(key, await self._server.reply_later(message))
-
-    def handle(self, name: str, tasks: anyio.abc.TaskGroup) -> None:
-        """Serve one file that appeared in the directory."""
-        if name.startswith(".") or name.endswith(REPLY_SUFFIX):
-            return  # a temporary file, or a reply not yet collected
-        key = name[: -len(REQUEST_SUFFIX)] if name.endswith(REQUEST_SUFFIX) else ""
-        if not KEY_RE.match(key):
-            log.warning("removing %r from the RPC directory: not a request file name", name)
-            try:
-                os.unlink(self._path(name))
-            except OSError:
-                pass
-            return
+    async def _answer_later(self, key: str, request: Request) -> None:
         try:
-            taken = self._take_request(name)
-        except FileNotFoundError:
-            return  # taken already
-        except OSError as exc:
-            self._answer(key, messages.error_reply(None, messages.BAD_FRAME, str(exc)))
-            return
+            frame = self._answer(key, await self._server.reply_later(request))
+        finally:
+            self._in_flight.discard(key)
+        await self._in_thread(self._write_reply, key, frame)
+
+    def _serve(
+        self, key: str, taken: bytes | dict[str, Any], tasks: anyio.abc.TaskGroup
+    ) -> bytes | None:
+        """The reply frame to write now for a taken request, or None (answered later)."""
         self.requests_served += 1
         if key in self._seen:
-            # A retry: never run the tool again. Answer as before, if still known.
+            # A retry: never run the tool again. Answer as before, if still known; one
+            # whose tool still runs gets the one answer when it finishes.
+            if key in self._in_flight:
+                return None
             frame = self._replies.get(key)
             if frame is not None:
-                self._write_reply(key, frame)
-            else:
-                reply = messages.error_reply(
-                    None,
-                    messages.BAD_REQUEST,
-                    f"request {key} was answered already and is not run twice",
-                )
-                self._write_reply(key, encode_frame(reply))
-            return
+                return frame
+            reply = messages.error_reply(
+                None,
+                messages.BAD_REQUEST,
+                f"request {key} was answered already and is not run twice",
+            )
+            return encode_frame(reply)
         self._seen.add(key)
         if isinstance(taken, dict):
-            self._answer(key, taken)
-            return
+            return self._answer(key, taken)
         try:
-            message = self._message(taken)
+            item = self._server.receive(self._body(taken))
         except FrameError as exc:
-            self._answer(key, self._server.framing_refusal(exc))
-            return
-        reply = self._server.reply_now(message)
-        if reply is not None:
-            self._answer(key, reply)
-        else:
-            # Remembered only once answered: a retry meanwhile is a no-op (the answer
-            # comes when the tool finishes), because _seen already holds the key.
-            tasks.start_soon(self._answer_later, key, message)
+            return self._answer(key, self._server.framing_refusal(exc))
+        if isinstance(item, Request):
+            reply = self._server.reply_now(item)
+            if reply is None:
+                self._in_flight.add(key)
+                tasks.start_soon(self._answer_later, key, item)
+                return None
+            item = reply
+        return self._answer(key, item)
 
-    def scan(self, tasks: anyio.abc.TaskGroup) -> int:
-        """Serve every request file present; return how many files there were."""
-        try:
-            names = sorted(os.listdir(self._directory))
-        except FileNotFoundError:
-            return 0
-        for name in names:
-            self.handle(name, tasks)
-        return len(names)
+    async def scan(self, tasks: anyio.abc.TaskGroup) -> tuple[int, bool]:
+        """Serve the request files present: how many entries there were, and whether
+        some were left for the next scan (the run's cap on buffered bytes)."""
+        count, more, taken = await self._in_thread(self._take_all)
+        replies = []
+        for key, item in taken:
+            frame = self._serve(key, item, tasks)
+            if frame is not None:
+                replies.append((key, frame))
+        if replies:
+            await self._in_thread(self._write_replies, replies)
+        return int(count), bool(more)
 
     async def run(self) -> None:
         """Serve until cancelled."""
-        watcher = _watcher(self._directory)
+        watcher = _watcher(self.watch_path)
         try:
             async with anyio.create_task_group() as tasks:
                 delay = POLL_MIN
                 while True:
                     if watcher is not None:
                         watcher.drain()  # before scanning: what comes after wakes us
-                    busy = self.scan(tasks)
+                    busy, more = await self.scan(tasks)
+                    if more:
+                        continue
                     if watcher is not None:
                         with anyio.move_on_after(SAFETY_RESCAN):
                             await anyio.wait_readable(watcher.fd)
@@ -278,13 +412,17 @@ async def serve_files(server: RPCServer, directory: str) -> AsyncIterator[FileCh
     """Serve the request files of ``directory`` (which must exist, private to the run)
     while the context is open. Files already there are removed first."""
     channel = FileChannel(server, directory)
-    channel.remove_stale()
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(channel.run)
-        try:
-            yield channel
-        finally:
-            tasks.cancel_scope.cancel()
+    channel.open()
+    try:
+        await anyio.to_thread.run_sync(channel.remove_stale, limiter=channel._limiter)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(channel.run)
+            try:
+                yield channel
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        channel.close()
 
 
 __all__ = ["REPLY_SUFFIX", "REQUEST_SUFFIX", "FileChannel", "serve_files"]

@@ -7,13 +7,17 @@ which is one msgpack-encoded map::
     |           N (uint32, BE)          |  msgpack map, exactly N bytes    |
     +--------+--------+--------+--------+=================================+
 
-``N`` is at least 1 and at most the receiver's cap (64 MiB unless configured). A receiver
+``N`` is at least 1 and at most the receiver's cap (4 MiB unless configured). A receiver
 that reads a header over its cap stops there: it never reads or buffers the body.
+Extension types (the timestamp included) are never valid: a body holding one is
+malformed.
 
-:class:`FrameDecoder` is sans-I/O (bytes in, messages out) so that every transport, a
-socket, a relay stream or a file, shares it. The stub side (stubs/_client.py) carries
-its own stdlib-only copy of the same few lines; docs/protocol.md is the contract both
-follow.
+:class:`FrameSplitter` (bytes in, bodies out) and :class:`FrameDecoder` (bytes in,
+messages out) are sans-I/O so that every transport, a socket, a relay stream or a
+file, shares them. The RPC server splits frames but decodes a request's body itself,
+so that it can check the token before it decodes the arguments (rpc/messages.py).
+The stub side (stubs/_client.py) carries its own stdlib-only copy of the same few
+lines; docs/protocol.md is the contract both follow.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError, FrameTooLarg
 
 HEADER = struct.Struct(">I")
 HEADER_SIZE = HEADER.size
-DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
+# Requests are small: large results travel host -> script, and a request's biggest
+# payload is write_file's content. Everything a peer sends before its token is
+# checked is bounded by this (docs/protocol.md section 2, docs/security.md).
+DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 _RECEIVE_CHUNK = 256 * 1024
 
 _packer_options = {"use_bin_type": True}
@@ -48,7 +55,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 def decode_body(body: bytes | memoryview) -> dict[str, Any]:
     """Decode a frame body; raise :class:`FrameError` unless it is exactly one msgpack map."""
     try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        message = msgpack.unpackb(body, raw=False, strict_map_key=False, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise FrameError(f"frame body is not valid msgpack: {exc}") from exc
     if not isinstance(message, dict):
@@ -56,12 +63,12 @@ def decode_body(body: bytes | memoryview) -> dict[str, Any]:
     return message
 
 
-class FrameDecoder:
-    """Turn a byte stream, fed in arbitrary pieces, into decoded message maps.
+class FrameSplitter:
+    """Turn a byte stream, fed in arbitrary pieces, into frame bodies, undecoded.
 
     :meth:`feed` raises :class:`FrameTooLarge` as soon as a header over the cap is seen,
-    and :class:`FrameError` for an empty frame or a body that is not a msgpack map.
-    After an error the decoder is unusable: the stream has lost sync.
+    and :class:`FrameError` for an empty frame. After an error the splitter is
+    unusable: the stream has lost sync.
     """
 
     __slots__ = ("_buffer", "_max_frame_size", "_need")
@@ -76,14 +83,19 @@ class FrameDecoder:
         """Bytes held that do not yet make a whole frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
+    @property
+    def inside_frame(self) -> bool:
+        """Whether the stream stopped now would end inside a frame."""
+        return bool(self._buffer) or bool(self._need)
+
+    def feed(self, data: bytes) -> list[bytes]:
         buffer = self._buffer
         buffer += data
-        messages = []
+        bodies: list[bytes] = []
         while True:
             if not self._need:
                 if len(buffer) < HEADER_SIZE:
-                    return messages
+                    return bodies
                 (size,) = HEADER.unpack_from(buffer)
                 if size == 0:
                     raise FrameError("frame of length 0")
@@ -92,7 +104,7 @@ class FrameDecoder:
                 self._need = size
                 del buffer[:HEADER_SIZE]
             if len(buffer) < self._need:
-                return messages
+                return bodies
             size, self._need = self._need, 0
             if len(buffer) == size:
                 body = bytes(buffer)
@@ -100,7 +112,20 @@ class FrameDecoder:
             else:
                 body = bytes(buffer[:size])
                 del buffer[:size]
-            messages.append(decode_body(body))
+            bodies.append(body)
+
+
+class FrameDecoder(FrameSplitter):
+    """Turn a byte stream, fed in arbitrary pieces, into decoded message maps.
+
+    :meth:`feed` raises what :class:`FrameSplitter` raises, and :class:`FrameError` for
+    a body that is not a msgpack map.
+    """
+
+    __slots__ = ()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [decode_body(body) for body in super().feed(data)]
 
 
 class ByteReceiver(Protocol):
@@ -124,7 +149,7 @@ async def iter_messages(
         try:
             data = await stream.receive(_RECEIVE_CHUNK)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            if decoder.pending or decoder._need:
+            if decoder.inside_frame:
                 raise ConnectionClosed("stream ended inside a frame") from None
             return
         for message in decoder.feed(data):

@@ -12,14 +12,23 @@ Reply (host -> script), exactly one per request, with the request's id::
 ``result`` is the tool's result as JSON text, which the caller parses. ``id`` is nil
 only when the request it answers had no usable id (a frame that could not be decoded).
 See docs/protocol.md for the whole contract.
+
+A request is read in two steps so that a peer without the token costs the host only
+bounded work (docs/security.md, "Before authentication"): :meth:`Envelope.parse` walks
+the map without building its values, decoding only the small fields (``id``, ``tool``,
+``token``) and keeping ``args`` as undecoded bytes; :meth:`Envelope.request` checks the
+token, and only then decodes the arguments.
 """
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
-from hermes_sandbox.rpc.errors import CallRefused
+import msgpack
+
+from hermes_sandbox.rpc.errors import CallRefused, FrameError
 
 # Error kinds. A client must treat an unknown kind like "internal".
 UNAUTHORIZED = "unauthorized"  # the token is missing or wrong
@@ -45,6 +54,103 @@ ERROR_KINDS = frozenset(
 )
 
 _MAX_ID = 2**63 - 1
+# Longest tool name accepted. The token has no limit of its own: one of another length
+# simply does not match.
+MAX_TOOL_NAME = 1024
+_INVALID = object()  # a field whose value is a container or an ext: never decoded
+_FIELDS = ("id", "tool", "token")
+# First bytes of the msgpack types that hold other values (map, array) or are
+# extensions: skipped, never built, in the envelope.
+_NESTED = frozenset(
+    [*range(0x80, 0xA0), 0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xDC, 0xDD, 0xDE, 0xDF]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A request map read without decoding its arguments (they stay msgpack bytes)."""
+
+    id: Any
+    tool: Any
+    token: Any
+    args: memoryview | None
+
+    @classmethod
+    def parse(cls, body: bytes) -> Envelope:
+        """Walk one frame body; raise :class:`FrameError` unless it is one msgpack map.
+
+        The cost is linear in the body and allocates nothing per element: only scalar
+        keys and the scalar values of ``id``, ``tool`` and ``token`` are built (a string
+        at most the body's size); every other value is skipped unread.
+        """
+        unpacker = msgpack.Unpacker(
+            raw=False, max_buffer_size=max(len(body), 1), max_ext_len=0, strict_map_key=False
+        )
+        unpacker.feed(body)
+        fields: dict[str, Any] = {}
+        args: memoryview | None = None
+        try:
+            entries = unpacker.read_map_header()
+            for _ in range(entries):
+                if body[unpacker.tell()] in _NESTED:
+                    unpacker.skip()  # a key that is a container: not one of ours
+                    unpacker.skip()
+                    continue
+                key = unpacker.unpack()
+                start = unpacker.tell()
+                if key == "args":
+                    unpacker.skip()
+                    args = memoryview(body)[start : unpacker.tell()]
+                elif key in _FIELDS and body[start] not in _NESTED:
+                    fields[key] = unpacker.unpack()
+                else:
+                    unpacker.skip()
+                    if key in _FIELDS:
+                        fields[key] = _INVALID
+            trailing = len(body) - unpacker.tell()
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise FrameError(f"frame body is not a valid msgpack map: {exc}") from exc
+        if trailing:
+            raise FrameError(f"frame body has {trailing} bytes after its map")
+        return cls(fields.get("id"), fields.get("tool"), fields.get("token"), args)
+
+    @property
+    def reply_id(self) -> int | None:
+        """The id to answer with, or None if the request has none usable."""
+        request_id = self.id
+        if type(request_id) is int and 0 <= request_id <= _MAX_ID:
+            return request_id
+        return None
+
+    def request(self, token: bytes) -> Request:
+        """The request, once its token matches ``token`` (compared in constant time).
+
+        Raises :class:`CallRefused` (``bad_request``, ``unauthorized``) and, for
+        arguments that are not valid msgpack, :class:`FrameError`. The arguments are
+        decoded only after the token has been checked.
+        """
+        request_id = self.reply_id
+        if request_id is None:
+            raise CallRefused(BAD_REQUEST, "request 'id' must be a non-negative integer")
+        tool = self.tool
+        if not isinstance(tool, str) or not tool or len(tool) > MAX_TOOL_NAME:
+            raise CallRefused(
+                BAD_REQUEST,
+                f"request 'tool' must be a non-empty string of at most {MAX_TOOL_NAME} characters",
+            )
+        if not isinstance(self.token, str):
+            raise CallRefused(UNAUTHORIZED, "request carries no token")
+        if not token or not hmac.compare_digest(self.token.encode("utf-8", "surrogatepass"), token):
+            raise CallRefused(UNAUTHORIZED, "Unauthorized RPC request: bad token")
+        args: Any = {}
+        if self.args is not None:
+            try:
+                args = msgpack.unpackb(self.args, raw=False, strict_map_key=False, max_ext_len=0)
+            except Exception as exc:
+                raise FrameError(f"request 'args' is not valid msgpack: {exc}") from exc
+        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+            raise CallRefused(BAD_REQUEST, "request 'args' must be a map with string keys")
+        return Request(request_id, tool, args, self.token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,23 +159,6 @@ class Request:
     tool: str
     args: dict[str, Any]
     token: str
-
-    @classmethod
-    def from_message(cls, message: dict[str, Any]) -> Request:
-        """Validate a decoded map as a request; raise :class:`CallRefused` (bad_request)."""
-        request_id = message.get("id")
-        if type(request_id) is not int or not 0 <= request_id <= _MAX_ID:
-            raise CallRefused(BAD_REQUEST, "request 'id' must be a non-negative integer")
-        tool = message.get("tool")
-        if not isinstance(tool, str) or not tool:
-            raise CallRefused(BAD_REQUEST, "request 'tool' must be a non-empty string")
-        args = message.get("args", {})
-        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-            raise CallRefused(BAD_REQUEST, "request 'args' must be a map with string keys")
-        token = message.get("token")
-        if not isinstance(token, str):
-            raise CallRefused(UNAUTHORIZED, "request carries no token")
-        return cls(request_id, tool, args, token)
 
     def to_message(self) -> dict[str, Any]:
         return {"id": self.id, "tool": self.tool, "args": self.args, "token": self.token}
@@ -81,11 +170,3 @@ def result_reply(request_id: int, result: str) -> dict[str, Any]:
 
 def error_reply(request_id: int | None, kind: str, message: str) -> dict[str, Any]:
     return {"id": request_id, "error": {"kind": kind, "message": message}}
-
-
-def request_id_of(message: dict[str, Any]) -> int | None:
-    """The id to answer a possibly invalid request with, or None if it has none usable."""
-    request_id = message.get("id")
-    if type(request_id) is int and 0 <= request_id <= _MAX_ID:
-        return request_id
-    return None

@@ -16,6 +16,8 @@ the output caps and the timeout, with one round trip per call.
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -26,35 +28,90 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hermes_sandbox.errors import RelayError
 from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError
-from hermes_sandbox.rpc.framing import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FrameDecoder,
-    encode_frame,
-    iter_messages,
-)
-from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.rpc.framing import encode_frame, iter_messages
+from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.server import RequestReader, RPCServer
+
+log = logging.getLogger(__name__)
 
 _OUTPUT_BUFFER = 64  # chunks of script output held before the relay is made to wait
+# Bytes of replies queued for one of the script's connections, and for all, before the
+# connection that would pass them is dropped (its script does not read its replies).
+# A reply alone in the queue always fits, however large.
+CONNECTION_QUEUE_LIMIT = 8 * 1024 * 1024
+CHANNEL_QUEUE_LIMIT = 32 * 1024 * 1024
+# How long a kill may wait to be written to the channel before the host gives up on
+# the relay and closes the channel (which ends the relay, then the process or
+# container behind it).
+KILL_DEADLINE = 3.0
+# Frames from the relay are small: script output comes in 64 KiB pieces and RPC bytes
+# in 256 KiB pieces (docs/protocol.md, 7.2).
+CHANNEL_FRAME_LIMIT = 1024 * 1024
 
 
 class _ChannelWriter:
-    """Frames to the relay, written whole, one at a time."""
+    """Frames to the relay, written whole and in order by one task (:meth:`run`).
+
+    Queuing never waits, so the task that reads the channel never stops reading it:
+    :meth:`put` queues a frame (refusing a connection's reply past the queue limits),
+    :meth:`put_first` queues one ahead of all others (the kill).
+    """
 
     def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
         self._stream = stream
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._queue: deque[tuple[bytes, int | None, anyio.Event | None]] = deque()
+        self._queued = 0
+        self._per_connection: dict[int, int] = {}
+        self._ready = anyio.Event()
         self.broken = False
 
-    async def send(self, message: dict[str, Any]) -> None:
+    def put(self, message: dict[str, Any], *, conn: int | None = None) -> bool:
+        """Queue ``message``; False if it is a reply for ``conn`` over the limits."""
+        if self.broken:
+            return False
         frame = encode_frame(message)
-        async with self._lock:
-            if self.broken:
-                raise anyio.BrokenResourceError
-            try:
+        if conn is not None:
+            held = self._per_connection.get(conn, 0)
+            if held and held + len(frame) > CONNECTION_QUEUE_LIMIT:
+                return False
+            if self._queued and self._queued + len(frame) > CHANNEL_QUEUE_LIMIT:
+                return False
+            self._per_connection[conn] = held + len(frame)
+        self._queue.append((frame, conn, None))
+        self._queued += len(frame)
+        self._ready.set()
+        return True
+
+    def put_first(self, message: dict[str, Any]) -> anyio.Event:
+        """Queue ``message`` before everything else; the event is set once written."""
+        if self.broken:
+            raise anyio.BrokenResourceError
+        frame = encode_frame(message)
+        written = anyio.Event()
+        self._queue.appendleft((frame, None, written))
+        self._queued += len(frame)
+        self._ready.set()
+        return written
+
+    async def run(self) -> None:
+        """Write queued frames until cancelled or the channel breaks."""
+        try:
+            while True:
+                while not self._queue:
+                    self._ready = anyio.Event()
+                    await self._ready.wait()
+                frame, conn, written = self._queue.popleft()
+                self._queued -= len(frame)
+                if conn is not None:
+                    left = self._per_connection.pop(conn) - len(frame)
+                    if left:
+                        self._per_connection[conn] = left
                 await self._stream.send(frame)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                self.broken = True
-                raise anyio.BrokenResourceError from None
+                if written is not None:
+                    written.set()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self.broken = True
+            self._queue.clear()
 
 
 class _RelayedConnection:
@@ -62,7 +119,9 @@ class _RelayedConnection:
 
     Frames are decoded as they come; a request that can be answered at once is
     answered from the demultiplexer, the others each in a task (as
-    :class:`rpc.server.RPCProtocol` does for a socket on the host).
+    :class:`rpc.server.RPCProtocol` does for a socket on the host). After the script
+    shuts its side (``eof``), the calls in flight still answer, then the host closes.
+    A connection whose replies back up past the writer's limits is dropped.
     """
 
     def __init__(
@@ -72,51 +131,66 @@ class _RelayedConnection:
         self._server = server
         self._writer = writer
         self._tasks = tasks
-        self._decoder = FrameDecoder(server.max_frame_size)
+        self._reader = RequestReader(server)
+        self._in_flight = 0
+        self._input_ended = False
         self.closed = False
 
-    async def _send(self, reply: dict[str, Any]) -> None:
+    def _send(self, reply: dict[str, Any]) -> None:
         if self.closed:
             return
+        message = {"op": "rpc", "conn": self.conn_id, "data": encode_frame(reply)}
+        if not self._writer.put(message, conn=self.conn_id):
+            if not self._writer.broken:
+                log.warning("dropping relayed connection %d: replies not read", self.conn_id)
+            self.close()
+
+    async def _answer_later(self, request: Request) -> None:
         try:
-            await self._writer.send(
-                {"op": "rpc", "conn": self.conn_id, "data": encode_frame(reply)}
-            )
-        except anyio.BrokenResourceError:
-            pass
+            self._send(await self._server.reply_later(request))
+        finally:
+            self._in_flight -= 1
+            if self._input_ended and not self._in_flight:
+                self.close()
 
-    async def _answer_later(self, message: dict[str, Any]) -> None:
-        await self._send(await self._server.reply_later(message))
-
-    async def feed(self, data: bytes) -> None:
-        if self.closed:
+    def feed(self, data: bytes) -> None:
+        if self.closed or self._input_ended:
             return
         try:
-            for message in self._decoder.feed(data):
-                reply = self._server.reply_now(message)
-                if reply is not None:
-                    await self._send(reply)
-                else:
-                    self._tasks.start_soon(self._answer_later, message)
+            for item in self._reader.feed(data):
+                if isinstance(item, Request):
+                    reply = self._server.reply_now(item)
+                    if reply is None:
+                        self._in_flight += 1
+                        self._tasks.start_soon(self._answer_later, item)
+                        continue
+                    item = reply
+                self._send(item)
+                if self.closed:
+                    return
         except FrameError as exc:
-            await self._send(self._server.framing_refusal(exc))
-            await self.close()
+            self._send(self._server.framing_refusal(exc))
+            self.close()
+
+    def end_of_input(self) -> None:
+        """The script shut its writing side: answer what is in flight, then close."""
+        self._input_ended = True
+        if self._reader.inside_frame or not self._in_flight:
+            self.close()  # nothing more can be answered
 
     def forget(self) -> None:
         """The connection is over (closed by the script, or the run ended)."""
         if not self.closed:
             self.closed = True
+            self._reader.close()
             self._server.connections -= 1
 
-    async def close(self) -> None:
+    def close(self) -> None:
         """Close from the host's side, and tell the relay."""
         if self.closed:
             return
         self.forget()
-        try:
-            await self._writer.send({"op": "close", "conn": self.conn_id})
-        except anyio.BrokenResourceError:
-            pass
+        self._writer.put({"op": "close", "conn": self.conn_id})
 
 
 class _OutputStream(anyio.abc.ByteReceiveStream):
@@ -151,11 +225,11 @@ class RelaySession:
         channel: anyio.abc.ByteStream,
         server: RPCServer,
         *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_frame_size: int = CHANNEL_FRAME_LIMIT,
     ) -> None:
         self._channel = channel
         self._server = server
-        self._max_frame_size = max_frame_size
+        self._max_frame_size = max_frame_size  # of the channel's frames from the relay
         self._writer = _ChannelWriter(channel)
         out_send, out_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
         err_send, err_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
@@ -186,6 +260,7 @@ class RelaySession:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
+                tasks.start_soon(self._writer.run)
                 tasks.start_soon(self._demultiplex)
                 try:
                     yield self
@@ -212,7 +287,7 @@ class RelaySession:
         marker: str | None = None,
     ) -> None:
         """Ask the relay to start the script; raise RelayError if it cannot."""
-        await self._writer.send(
+        self._writer.put(
             {
                 "op": "run",
                 "argv": list(argv),
@@ -233,18 +308,29 @@ class RelaySession:
         return self.exit_code
 
     async def kill(self, grace: float = 2.0) -> None:
-        """Have the relay kill the script's whole tree; wait until it reports the exit."""
+        """Have the relay kill the script's whole tree; wait until it reports the exit.
+
+        The kill is written before anything else queued. If it cannot be written within
+        :data:`KILL_DEADLINE` (the relay stopped reading), or the relay does not report
+        the exit in time, the channel is closed: the relay then kills everything when
+        its input ends, and the backend closes what is left (process, channel, container).
+        """
         if self._exited.is_set():
             return
         try:
-            await self._writer.send({"op": "kill", "grace": grace})
+            written = self._writer.put_first({"op": "kill", "grace": grace})
         except anyio.BrokenResourceError:
             self._mark_exit(-9, "the relay channel broke")
             return
-        with anyio.move_on_after(grace + 10):
-            await self._exited.wait()
+        with anyio.move_on_after(KILL_DEADLINE):
+            await written.wait()
+        if written.is_set():
+            with anyio.move_on_after(grace + 10):
+                await self._exited.wait()
         if not self._exited.is_set():
             self._mark_exit(-9, "the relay did not report the script's exit after a kill")
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await self._channel.aclose()
 
     async def aclose(self) -> None:
         await self.kill(0)
@@ -278,9 +364,17 @@ class RelaySession:
                 elif op == "rpc":
                     connection = self._connections.get(message.get("conn", -1))
                     if connection is not None:
-                        await connection.feed(message.get("data") or b"")
+                        connection.feed(message.get("data") or b"")
+                        if connection.closed:
+                            self._connections.pop(connection.conn_id, None)
                 elif op == "open":
                     await self._open(int(message["conn"]))
+                elif op == "eof":
+                    connection = self._connections.get(message.get("conn", -1))
+                    if connection is not None:
+                        connection.end_of_input()
+                        if connection.closed:
+                            self._connections.pop(connection.conn_id, None)
                 elif op == "close":
                     connection = self._connections.pop(message.get("conn", -1), None)
                     if connection is not None:
@@ -307,14 +401,9 @@ class RelaySession:
     async def _open(self, conn_id: int) -> None:
         assert self._tasks is not None
         if not self._server.admit_connection():
-            await self._writer.send(
-                {
-                    "op": "rpc",
-                    "conn": conn_id,
-                    "data": encode_frame(self._server.TOO_MANY_CONNECTIONS),
-                }
-            )
-            await self._writer.send({"op": "close", "conn": conn_id})
+            refusal = encode_frame(self._server.TOO_MANY_CONNECTIONS)
+            self._writer.put({"op": "rpc", "conn": conn_id, "data": refusal})
+            self._writer.put({"op": "close", "conn": conn_id})
             return
         self._connections[conn_id] = _RelayedConnection(
             conn_id, self._server, self._writer, self._tasks

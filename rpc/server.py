@@ -20,7 +20,6 @@ an error reply.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -30,18 +29,16 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from hermes_sandbox.rpc import messages
-from hermes_sandbox.rpc.errors import CallRefused, ConnectionClosed, FrameError, FrameTooLarge
-from hermes_sandbox.rpc.framing import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FrameDecoder,
-    encode_frame,
-    iter_messages,
-)
-from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.errors import CallRefused, FrameError, FrameTooLarge
+from hermes_sandbox.rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, encode_frame
+from hermes_sandbox.rpc.messages import Envelope, Request
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 64
+# Unfinished frames a run's connections may hold at once, in frames of the cap.
+BUFFERED_FRAMES = 4
+_RECEIVE_CHUNK = 256 * 1024
 Reply = dict[str, Any]
 
 
@@ -62,7 +59,9 @@ class RPCServer:
     """Answers the requests of one run.
 
     ``token`` is the run's secret; a request whose token differs (compared in constant
-    time) gets an ``unauthorized`` error. An empty server token refuses everything.
+    time) gets an ``unauthorized`` error, and its arguments are never decoded. An empty
+    server token refuses everything. ``max_buffered_bytes`` caps the bytes of
+    unfinished frames held across all the run's connections at once.
     """
 
     def __init__(
@@ -72,6 +71,7 @@ class RPCServer:
         token: str,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         self._handler = handler
         self._answer_now: Callable[[Request], str | None] | None = getattr(
@@ -80,40 +80,49 @@ class RPCServer:
         self._token = token.encode()
         self.max_frame_size = max_frame_size
         self.max_connections = max_connections
+        self.max_buffered_bytes = (
+            max_buffered_bytes
+            if max_buffered_bytes is not None
+            else BUFFERED_FRAMES * max_frame_size
+        )
         self.connections = 0
+        self.buffered = 0  # bytes of unfinished frames held by all connections
 
     # -- one request -------------------------------------------------------------------
 
-    def _request(self, message: dict[str, Any]) -> Request:
-        request = Request.from_message(message)
-        if not self._token or not hmac.compare_digest(
-            request.token.encode("utf-8", "surrogatepass"), self._token
-        ):
-            raise CallRefused(messages.UNAUTHORIZED, "Unauthorized RPC request: bad token")
-        return request
+    def receive(self, body: bytes) -> Request | Reply:
+        """The request in one frame body, or the error reply refusing it.
 
-    def reply_now(self, message: dict[str, Any]) -> Reply | None:
-        """The reply to ``message`` if it can be made without waiting, else None."""
+        The token is checked before the arguments are decoded. Raises
+        :class:`FrameError` for a body that is not a valid msgpack map: the caller
+        answers with :meth:`framing_refusal` and closes the connection.
+        """
+        envelope = Envelope.parse(body)
         try:
-            request = self._request(message)
-            if self._answer_now is None:
-                return None
+            return envelope.request(self._token)
+        except CallRefused as exc:
+            return messages.error_reply(envelope.reply_id, exc.kind, exc.message)
+
+    def reply_now(self, request: Request) -> Reply | None:
+        """The reply to ``request`` if it can be made without waiting, else None."""
+        if self._answer_now is None:
+            return None
+        try:
             result = self._answer_now(request)
         except CallRefused as exc:
-            return messages.error_reply(messages.request_id_of(message), exc.kind, exc.message)
+            return messages.error_reply(request.id, exc.kind, exc.message)
         except Exception as exc:
-            return _internal_error(message, exc)
+            return _internal_error(request, exc)
         return None if result is None else messages.result_reply(request.id, result)
 
-    async def reply_later(self, message: dict[str, Any]) -> Reply:
-        """The reply to ``message``, waiting for its tool as long as it takes."""
+    async def reply_later(self, request: Request) -> Reply:
+        """The reply to ``request``, waiting for its tool as long as it takes."""
         try:
-            request = self._request(message)
             result = await self._handler(request)
         except CallRefused as exc:
-            return messages.error_reply(messages.request_id_of(message), exc.kind, exc.message)
+            return messages.error_reply(request.id, exc.kind, exc.message)
         except Exception as exc:
-            return _internal_error(message, exc)
+            return _internal_error(request, exc)
         return messages.result_reply(request.id, result)
 
     @staticmethod
@@ -143,12 +152,14 @@ class RPCServer:
             if not self.admit_connection():
                 await _send_quietly(stream, encode_frame(self.TOO_MANY_CONNECTIONS))
                 return
+            reader = RequestReader(self)
             try:
-                await self._serve(stream)
+                await self._serve(stream, reader)
             finally:
+                reader.close()
                 self.connections -= 1
 
-    async def _serve(self, stream: anyio.abc.ByteStream) -> None:
+    async def _serve(self, stream: anyio.abc.ByteStream, reader: RequestReader) -> None:
         send_lock = anyio.Lock(fast_acquire=True)
 
         async def send(reply: Reply) -> None:
@@ -156,29 +167,91 @@ class RPCServer:
             async with send_lock:
                 await _send_quietly(stream, frame)
 
-        async def answer(message: dict[str, Any]) -> None:
-            await send(await self.reply_later(message))
+        async def answer(request: Request) -> None:
+            await send(await self.reply_later(request))
 
         refusal: Reply | None = None
         async with anyio.create_task_group() as tasks:
             try:
-                async for message in iter_messages(stream, self.max_frame_size):
-                    quick = self.reply_now(message)
-                    if quick is not None:
-                        await send(quick)
-                    else:
-                        tasks.start_soon(answer, message)
+                while True:
+                    try:
+                        data = await stream.receive(_RECEIVE_CHUNK)
+                    except (
+                        anyio.EndOfStream,
+                        anyio.BrokenResourceError,
+                        anyio.ClosedResourceError,
+                    ):
+                        if reader.inside_frame:
+                            tasks.cancel_scope.cancel()
+                        # On a clean end the peer may have only shut its writing side:
+                        # let the calls in flight finish and answer.
+                        break
+                    for item in reader.feed(data):
+                        if isinstance(item, Request):
+                            quick = self.reply_now(item)
+                            if quick is None:
+                                tasks.start_soon(answer, item)
+                                continue
+                            item = quick
+                        await send(item)
             except FrameError as exc:
                 refusal = self.framing_refusal(exc)
                 tasks.cancel_scope.cancel()
-            except ConnectionClosed:
-                tasks.cancel_scope.cancel()
-            # On a clean end of stream the peer may have only shut its writing side:
-            # let the calls in flight finish and answer.
         if refusal is not None:
             # Sent outside the cancelled group, or the cancellation would swallow it.
             with anyio.move_on_after(5):
                 await send(refusal)
+
+
+class _RunBufferFull(FrameTooLarge):
+    """The run's connections together hold more unfinished frames than its cap."""
+
+    def __init__(self, held: int, limit: int) -> None:
+        FrameError.__init__(
+            self,
+            f"the run's connections hold {held} bytes of unfinished frames, over the run's "
+            f"{limit}-byte cap; send large requests one at a time",
+        )
+        self.size = held
+        self.limit = limit
+
+
+class RequestReader:
+    """The requests arriving on one connection, from its bytes (sans-I/O).
+
+    :meth:`feed` returns, in order, each whole request (:class:`Request`, token
+    checked) or the error reply refusing it; it raises :class:`FrameError` when the
+    stream breaks its framing, or when the bytes of unfinished frames held by all the
+    run's connections pass the server's ``max_buffered_bytes``. Call :meth:`close`
+    when the connection ends, to release what it held.
+    """
+
+    __slots__ = ("_held", "_server", "_splitter")
+
+    def __init__(self, server: RPCServer) -> None:
+        self._server = server
+        self._splitter = FrameSplitter(server.max_frame_size)
+        self._held = 0
+
+    @property
+    def inside_frame(self) -> bool:
+        return self._splitter.inside_frame
+
+    def feed(self, data: bytes) -> list[Request | Reply]:
+        try:
+            bodies = self._splitter.feed(data)
+        finally:
+            held = self._splitter.pending
+            server = self._server
+            server.buffered += held - self._held
+            self._held = held
+        if held and server.buffered > server.max_buffered_bytes:
+            raise _RunBufferFull(server.buffered, server.max_buffered_bytes)
+        return [server.receive(body) for body in bodies]
+
+    def close(self) -> None:
+        self._server.buffered -= self._held
+        self._held = 0
 
 
 class RPCProtocol(asyncio.Protocol):
@@ -191,10 +264,10 @@ class RPCProtocol(asyncio.Protocol):
 
     def __init__(self, server: RPCServer) -> None:
         self._server = server
-        self._decoder = FrameDecoder(server.max_frame_size)
+        self._reader = RequestReader(server)
         self._transport: asyncio.Transport | None = None
-        self._pending_send: MemoryObjectSendStream[dict[str, Any]]
-        self._pending: MemoryObjectReceiveStream[dict[str, Any]]
+        self._pending_send: MemoryObjectSendStream[Request]
+        self._pending: MemoryObjectReceiveStream[Request]
         self._pending_send, self._pending = anyio.create_memory_object_stream(float("inf"))
         self._lost = anyio.Event()
         self._admitted = False
@@ -213,12 +286,14 @@ class RPCProtocol(asyncio.Protocol):
         if self._lost.is_set():
             return
         try:
-            for message in self._decoder.feed(data):
-                reply = self._server.reply_now(message)
-                if reply is not None:
-                    self._write(reply)
-                else:
-                    self._pending_send.send_nowait(message)
+            for item in self._reader.feed(data):
+                if isinstance(item, Request):
+                    reply = self._server.reply_now(item)
+                    if reply is None:
+                        self._pending_send.send_nowait(item)
+                        continue
+                    item = reply
+                self._write(item)
         except FrameError as exc:
             self._write(self._server.framing_refusal(exc))
             self._finish()
@@ -247,6 +322,7 @@ class RPCProtocol(asyncio.Protocol):
 
     def _finish(self) -> None:
         self._pending_send.close()
+        self._reader.close()
         self._lost.set()
 
     async def run(self) -> None:
@@ -263,25 +339,26 @@ class RPCProtocol(asyncio.Protocol):
                     await self._lost.wait()
                     connection.cancel_scope.cancel()
 
-                async def answer(message: dict[str, Any]) -> None:
-                    self._write(await self._server.reply_later(message))
+                async def answer(request: Request) -> None:
+                    self._write(await self._server.reply_later(request))
 
                 connection.start_soon(abandon_when_lost)
                 async with anyio.create_task_group() as calls:
-                    async for message in self._pending:
-                        calls.start_soon(answer, message)
+                    async for request in self._pending:
+                        calls.start_soon(answer, request)
                 connection.cancel_scope.cancel()
         finally:
             self._pending.close()
+            self._reader.close()
             if self._admitted:
                 self._server.connections -= 1
             self._transport.close()
 
 
-def _internal_error(message: dict[str, Any], exc: Exception) -> Reply:
-    log.exception("RPC handler failed on %r", message.get("tool"))
+def _internal_error(request: Request, exc: Exception) -> Reply:
+    log.exception("RPC handler failed on %r", request.tool)
     return messages.error_reply(
-        messages.request_id_of(message),
+        request.id,
         messages.INTERNAL,
         f"host error: {type(exc).__name__}: {exc}",
     )

@@ -334,6 +334,7 @@ async def run_code(
                 child_env = {
                     **base_env,
                     "HERMES_RPC_TOKEN": token,
+                    "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
                     "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
                 }
                 script = Script(

@@ -76,7 +76,7 @@ async def _under_relay(
         env={"PYTHONPATH": script.stage, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     failure: TransportUnavailable | None = None
-    async with RelaySession(channel, server, max_frame_size=server.max_frame_size) as session:
+    async with RelaySession(channel, server) as session:
         try:
             await session.start(
                 script.argv,

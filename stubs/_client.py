@@ -27,6 +27,26 @@ except Exception:  # no msgpack in this interpreter: the staged pure-Python code
 _HEADER = _struct.Struct(">I")
 
 
+def _max_frame():
+    try:
+        return int(_os.environ.get("HERMES_RPC_MAX_FRAME", "")) or None
+    except ValueError:
+        return None
+
+
+def _over_cap(request_id, body):
+    """The error reply for a request the host would refuse as too large, or None."""
+    limit = _max_frame()
+    if limit is None or len(body) <= limit:
+        return None
+    message = (
+        "this call's request is %d bytes, over the host's %d-byte limit "
+        "(HERMES_RPC_MAX_FRAME); pass less per call (a script can write a large "
+        "file itself with open())" % (len(body), limit)
+    )
+    return {"id": request_id, "error": {"kind": "frame_too_large", "message": message}}
+
+
 class ToolCallError(RuntimeError):
     """A tool call that could not be made or answered: the host is unreachable or gone."""
 
@@ -55,6 +75,9 @@ class _Connection(object):
             raise self._failure
         request_id = next(self._ids)
         body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
+        refused = _over_cap(request_id, body)
+        if refused is not None:
+            return refused
         try:
             with self._send_lock:
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
@@ -157,6 +180,9 @@ class _FileConnection(object):
         request_id = next(self._ids)
         key = "%d-%s-%d" % (_os.getpid(), self._nonce, request_id)
         body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
+        refused = _over_cap(request_id, body)
+        if refused is not None:
+            return refused
         path = _os.path.join(self._directory, key)
         temporary = _os.path.join(self._directory, "." + key + ".req.tmp")
         try:

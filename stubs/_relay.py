@@ -8,8 +8,12 @@ listens on inside the sandbox, so the same hermes_tools client works unchanged.
 
 Channel messages are frames (4-byte big-endian length, one msgpack map), as in
 docs/protocol.md section "Stream relay". Host to relay: run, rpc, close, kill.
-Relay to host: started, open, rpc, close, out, exit, error. End of input from the
+Relay to host: started, open, rpc, eof, close, out, exit, error. End of input from the
 host means it is gone: the relay kills everything it started and exits.
+
+The relay never blocks on a script's connection: each one's output is a bounded
+buffer written as the socket accepts it, and a connection that stops reading (its
+buffer over the bound) is dropped, so the host's kill always gets through.
 """
 
 import os
@@ -37,7 +41,24 @@ _HEADER = struct.Struct(">I")
 _CHUNK = 65536
 _MAX_FRAME = 64 * 1024 * 1024
 _DRAIN_SECONDS = 2.0
+# Replies held for one connection that its script does not read; past this the
+# connection is dropped. Above any one reply the host sends in practice.
+_CONN_OUTPUT_LIMIT = 32 * 1024 * 1024
+# Bytes waiting for the host past which the relay stops reading the script.
+_CHANNEL_PAUSE = 1024 * 1024
 _RELAY_ONLY_VARS = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+
+
+class _Conn(object):
+    """An RPC connection of the script: its socket and the replies not yet written."""
+
+    __slots__ = ("closing", "input_ended", "out", "sock")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.out = bytearray()
+        self.input_ended = False  # the script shut its writing side
+        self.closing = False  # the host closed it: close once out is written
 
 
 class Relay(object):
@@ -56,6 +77,9 @@ class Relay(object):
         self.pipes = {}
         self.exit_code = None
         self.killing = False
+        self.chan_out = bytearray()  # frames for the host not yet written
+        self.chan_waiting = False  # the channel is selected for writing
+        self.paused = False  # too much waits for the host: the script is not read
         self.sigchld_r, self.sigchld_w = os.pipe()
         os.set_blocking(self.sigchld_w, False)
         os.set_blocking(self.sigchld_r, False)
@@ -63,10 +87,51 @@ class Relay(object):
     # -- channel -----------------------------------------------------------------------
     def send(self, message):
         body = _pack(message)
-        data = _HEADER.pack(len(body)) + body
-        view = memoryview(data)
-        while view:  # blocking writes: the host reads the channel continuously
-            view = view[os.write(self.cout, view) :]
+        self.chan_out += _HEADER.pack(len(body)) + body
+        self.flush_channel()
+
+    def flush_channel(self):
+        """Write what the channel accepts now. While more than a bound waits, stop
+        reading the script (its connections and output), never the host's input."""
+        try:
+            while self.chan_out:
+                written = os.write(self.cout, self.chan_out[:262144])
+                del self.chan_out[:written]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the host is gone
+            self.chan_out.clear()
+        pending = bool(self.chan_out)
+        if pending != self.chan_waiting:
+            self.chan_waiting = pending
+            if pending:
+                self.sel.register(self.cout, selectors.EVENT_WRITE, ("channel_out", None))
+            else:
+                self.sel.unregister(self.cout)
+        paused = len(self.chan_out) > _CHANNEL_PAUSE
+        if paused != self.paused:
+            self.paused = paused
+            for conn_id in list(self.conns):
+                self.watch_conn(conn_id)
+            for fd in self.pipes:
+                if paused:
+                    self.sel.unregister(fd)
+                else:
+                    self.sel.register(fd, selectors.EVENT_READ, ("out", self.pipes[fd][0]))
+
+    def flush_channel_blocking(self):
+        """Write everything still queued, waiting as long as it takes (at the end)."""
+        if self.chan_waiting:
+            self.sel.unregister(self.cout)
+            self.chan_waiting = False
+        os.set_blocking(self.cout, True)
+        try:
+            while self.chan_out:
+                written = os.write(self.cout, self.chan_out[:262144])
+                del self.chan_out[:written]
+        except OSError:
+            self.chan_out.clear()
+        self.flush_channel()  # resumes reading the script
 
     def read_channel(self):
         try:
@@ -90,14 +155,16 @@ class Relay(object):
     def handle(self, message):
         op = message.get("op")
         if op == "rpc":
+            conn_id = message.get("conn")
+            conn = self.conns.get(conn_id)
+            if conn is not None:
+                conn.out += message.get("data") or b""
+                self.write_conn(conn_id)
+        elif op == "close":
             conn = self.conns.get(message.get("conn"))
             if conn is not None:
-                try:
-                    conn.sendall(message.get("data") or b"")
-                except OSError:
-                    self.close_conn(message.get("conn"), tell_host=True)
-        elif op == "close":
-            self.close_conn(message.get("conn"), tell_host=False)
+                conn.closing = True  # after what is queued for it is written
+                self.write_conn(message.get("conn"))
         elif op == "run":
             self.start(message)
         elif op == "kill":
@@ -148,7 +215,8 @@ class Relay(object):
         for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)
-            self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
+            if not self.paused:
+                self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
         self.send({"op": "started", "pid": self.child.pid})
 
     def read_output(self, fd):
@@ -162,7 +230,10 @@ class Relay(object):
         if data:
             self.send({"op": "out", "fd": fd_number, "data": data})
         else:
-            self.sel.unregister(fd)
+            try:
+                self.sel.unregister(fd)
+            except KeyError:  # not selected while paused
+                pass
             pipe.close()
             del self.pipes[fd]
 
@@ -177,6 +248,7 @@ class Relay(object):
 
     def finish(self):
         """The script exited: remove what it left, drain its output, report."""
+        self.flush_channel_blocking()  # from here on the channel is written blocking
         self.kill_tree(2.0)
         deadline = time.monotonic() + _DRAIN_SECONDS
         while self.pipes and time.monotonic() < deadline:
@@ -190,40 +262,88 @@ class Relay(object):
     # -- RPC connections ---------------------------------------------------------------
     def accept(self):
         try:
-            conn, _ = self.listener.accept()
+            sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
         self.next_conn += 1
         conn_id = self.next_conn
-        conn.setblocking(True)
-        self.conns[conn_id] = conn
-        self.sel.register(conn, selectors.EVENT_READ, ("conn", conn_id))
+        sock.setblocking(False)
+        self.conns[conn_id] = _Conn(sock)
+        self.sel.register(sock, selectors.EVENT_READ, ("conn", conn_id))
         self.send({"op": "open", "conn": conn_id})
+
+    def watch_conn(self, conn_id):
+        """Select on what the connection waits for: input until its end, and output
+        while some is queued."""
+        conn = self.conns[conn_id]
+        events = 0 if conn.input_ended or self.paused else selectors.EVENT_READ
+        if conn.out:
+            events |= selectors.EVENT_WRITE
+        try:
+            if events:
+                self.sel.modify(conn.sock, events, ("conn", conn_id))
+            else:
+                self.sel.unregister(conn.sock)
+        except KeyError:
+            if events:
+                self.sel.register(conn.sock, events, ("conn", conn_id))
+
+    def conn_ready(self, conn_id, events):
+        if events & selectors.EVENT_WRITE:
+            self.write_conn(conn_id)
+        if events & selectors.EVENT_READ and conn_id in self.conns:
+            self.read_conn(conn_id)
 
     def read_conn(self, conn_id):
         conn = self.conns.get(conn_id)
         if conn is None:
             return
         try:
-            data = conn.recv(262144)
+            data = conn.sock.recv(262144)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            self.close_conn(conn_id, tell_host=True)
+            return
         if data:
             self.send({"op": "rpc", "conn": conn_id, "data": data})
+            return
+        # The script shut its writing side (or closed): the host answers what is in
+        # flight, then closes; replies still go out until then.
+        conn.input_ended = True
+        self.watch_conn(conn_id)
+        self.send({"op": "eof", "conn": conn_id})
+
+    def write_conn(self, conn_id):
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            return
+        try:
+            while conn.out:
+                sent = conn.sock.send(conn.out[:262144])
+                del conn.out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the script closed it
+            self.close_conn(conn_id, tell_host=not conn.closing)
+            return
+        if len(conn.out) > _CONN_OUTPUT_LIMIT:
+            # The script does not read its replies: drop it rather than hold more.
+            self.close_conn(conn_id, tell_host=not conn.closing)
+        elif conn.closing and not conn.out:
+            self.close_conn(conn_id, tell_host=False)
         else:
-            self.close_conn(conn_id, tell_host=True)
+            self.watch_conn(conn_id)
 
     def close_conn(self, conn_id, tell_host):
         conn = self.conns.pop(conn_id, None)
         if conn is None:
             return
         try:
-            self.sel.unregister(conn)
+            self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
-        conn.close()
+        conn.sock.close()
         if tell_host:
             self.send({"op": "close", "conn": conn_id})
 
@@ -329,6 +449,7 @@ class Relay(object):
     def fatal(self, message):
         try:
             self.send({"op": "error", "message": message})
+            self.flush_channel_blocking()
         finally:
             self.kill_tree(0)
             self.shutdown()
@@ -352,10 +473,11 @@ class Relay(object):
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.sigchld_w)
         os.set_blocking(self.cin, False)
+        os.set_blocking(self.cout, False)
         self.sel.register(self.cin, selectors.EVENT_READ, ("channel", None))
         self.sel.register(self.sigchld_r, selectors.EVENT_READ, ("sigchld", None))
         while not self.done:
-            for key, _ in self.sel.select(timeout=0.5):
+            for key, events in self.sel.select(timeout=0.5):
                 kind, arg = key.data
                 if kind == "channel":
                     self.read_channel()
@@ -363,7 +485,9 @@ class Relay(object):
                     if key.fd in self.pipes:
                         self.read_output(key.fd)
                 elif kind == "conn":
-                    self.read_conn(arg)
+                    self.conn_ready(arg, events)
+                elif kind == "channel_out":
+                    self.flush_channel()
                 elif kind == "accept":
                     self.accept()
                 elif kind == "sigchld":
@@ -375,6 +499,7 @@ class Relay(object):
                     break
             if not self.done and self.child_exited():
                 self.finish()
+        self.flush_channel_blocking()
 
 
 def main():
