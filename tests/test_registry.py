@@ -4,23 +4,27 @@ dispatch, result caps, and async handlers called from every kind of caller."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import json
+import os
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import anyio.lowlevel
+import psutil
 import pytest
 
+from hermes_sandbox.tools.capping import cap_result
 from hermes_sandbox.tools.decorator import build_tool_schema, parse_docstring, tool
 from hermes_sandbox.tools.registry import (
     CHECK_TTL_SECONDS,
     ToolContext,
     ToolRegistry,
-    cap_result,
     tool_error,
     tool_result,
 )
@@ -265,7 +269,7 @@ def test_cap_keeps_a_json_object_valid():
     head, sep, rest = data["output"].partition("\n... [")
     assert sep
     omitted, _, tail = rest.partition(" characters omitted] ...\n")
-    assert int(omitted) == len(text) - len(head) - len(tail)
+    assert int(omitted.replace(",", "")) == len(text) - len(head) - len(tail)
     assert text.startswith(head) and text.endswith(tail)
     assert 0.3 < len(head) / (len(head) + len(tail)) < 0.5  # head 40%, tail 60%
 
@@ -463,6 +467,47 @@ def test_an_async_handler_may_dispatch_another_async_tool_synchronously():
     reg.register("outer", "test", {"name": "outer"}, outer)
     for _ in range(5):
         assert result(reg.dispatch("outer", {})) == {"inner": 7}
+
+
+def test_dispatch_gives_an_async_handler_the_callers_context_variables():
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    reg = ToolRegistry()
+
+    async def which(args):
+        seen = request_id.get("unset")
+        request_id.set("changed by the handler")
+        return {"id": seen}
+
+    reg.register("which", "test", {"name": "which"}, which)
+    assert result(reg.dispatch("which", {}))["id"] == "unset"
+    token = request_id.set("r-1")
+    try:
+        assert result(reg.dispatch("which", {}))["id"] == "r-1"
+        assert request_id.get() == "r-1"  # the handler's change stays in its copy
+    finally:
+        request_id.reset(token)
+
+
+def test_a_forked_child_runs_async_tools_on_a_loop_of_its_own():
+    reg = make_async_registry()
+    assert result(reg.dispatch("anyio_user", {"n": 1}))["n"] == 2  # the parent's loop is up
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
+        pid = os.fork()
+    if pid == 0:  # the child: the parent's loop thread did not come along
+        code = 1
+        try:
+            code = 0 if result(reg.dispatch("anyio_user", {"n": 2}))["n"] == 4 else 2
+        finally:
+            os._exit(code)
+    child = psutil.Process(pid)
+    try:
+        assert child.wait(timeout=20) == 0
+    except psutil.TimeoutExpired:
+        child.kill()
+        child.wait()
+        pytest.fail("the forked child hung dispatching an async tool")
+    assert result(reg.dispatch("anyio_user", {"n": 3}))["n"] == 6  # and the parent's still is
 
 
 def test_async_failures_and_non_string_results():

@@ -756,8 +756,8 @@ async def test_char_limit_keeps_head_and_tail_around_a_marker(
     assert len(content) <= 1000
     assert content.startswith("START")
     assert content.endswith("END")
-    head, rest = content.split("\n\n[... ", 1)
-    omitted, tail = rest.split(" characters omitted ...]\n\n", 1)
+    head, rest = content.split("\n... [", 1)
+    omitted, tail = rest.split(" characters omitted] ...\n", 1)
     assert len(head) + int(omitted.replace(",", "")) + len(tail) == page["total_chars"]
     assert len(head) > len(tail) > 100  # more of the start is kept than of the end
 

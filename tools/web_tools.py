@@ -92,6 +92,7 @@ import anyio.to_thread
 from hermes_sandbox.errors import ToolError
 from hermes_sandbox.tools.handler_args import int_arg
 from hermes_sandbox.tools.registry import registry, tool_error, tool_result
+from hermes_sandbox.truncation import cut_middle
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -741,17 +742,7 @@ def html_to_markdown(
 
 def clip(text: str, limit: int) -> tuple[str, bool]:
     """``text`` cut to at most ``limit`` characters: head and tail around a marker."""
-    if len(text) <= limit:
-        return text, False
-
-    def marker(omitted: int) -> str:
-        return f"\n\n[... {omitted:,} characters omitted ...]\n\n"
-
-    room = max(0, limit - len(marker(len(text))))  # the longest marker this text can need
-    head = int(room * HEAD_SHARE)
-    tail = room - head
-    omitted = len(text) - head - tail
-    return text[:head] + marker(omitted) + (text[-tail:] if tail else ""), True
+    return cut_middle(text, limit, head_share=HEAD_SHARE), len(text) > limit
 
 
 def check_url(url: Any) -> str:
