@@ -7,16 +7,15 @@ import asyncio
 import contextvars
 import enum
 import json
-import os
+import subprocess
+import sys
 import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import anyio.lowlevel
-import psutil
 import pytest
 
 from hermes_sandbox.tools.capping import cap_result
@@ -488,26 +487,39 @@ def test_dispatch_gives_an_async_handler_the_callers_context_variables():
         request_id.reset(token)
 
 
-def test_a_forked_child_runs_async_tools_on_a_loop_of_its_own():
-    reg = make_async_registry()
-    assert result(reg.dispatch("anyio_user", {"n": 1}))["n"] == 2  # the parent's loop is up
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
-        pid = os.fork()
-    if pid == 0:  # the child: the parent's loop thread did not come along
-        code = 1
-        try:
-            code = 0 if result(reg.dispatch("anyio_user", {"n": 2}))["n"] == 4 else 2
-        finally:
-            os._exit(code)
-    child = psutil.Process(pid)
-    try:
-        assert child.wait(timeout=20) == 0
-    except psutil.TimeoutExpired:
-        child.kill()
-        child.wait()
-        pytest.fail("the forked child hung dispatching an async tool")
-    assert result(reg.dispatch("anyio_user", {"n": 3}))["n"] == 6  # and the parent's still is
+FORKING_PROGRAM = """
+import os, sys
+import anyio
+from hermes_sandbox.tools.registry import ToolRegistry
+
+async def double(args):
+    await anyio.sleep(0)
+    return {"n": await anyio.to_thread.run_sync(lambda: args["n"] * 2)}
+
+reg = ToolRegistry()
+reg.register("double", "test", {"name": "double"}, double)
+assert reg.dispatch("double", {"n": 1}) == '{"n": 2}'  # the parent's loop is up
+children = []
+for use_it in (True, False):
+    pid = os.fork()
+    if pid == 0:  # the parent's loop thread did not come along
+        if use_it:
+            assert reg.dispatch("double", {"n": 2}) == '{"n": 4}'
+        sys.exit(0)  # a normal exit: atexit hooks, then finalization
+    children.append(pid)
+for pid in children:
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+assert reg.dispatch("double", {"n": 3}) == '{"n": 6}'  # and the parent's still is
+print("ok")
+"""
+
+
+def test_a_forked_child_runs_async_tools_on_a_loop_of_its_own_and_exits():
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING_PROGRAM], capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
 
 
 def test_async_failures_and_non_string_results():

@@ -17,21 +17,27 @@ import inspect
 import os
 import threading
 from collections.abc import Awaitable
-from contextlib import AbstractContextManager
+from concurrent.futures import Future
 from typing import Any
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 
 
 class _PortalThread:
-    """One blocking portal, started when first needed and restarted after a fork."""
+    """One blocking portal in a daemon thread of its own, started when first needed.
+
+    The thread is hosted here rather than by ``start_blocking_portal``, whose context
+    manager, once dropped, waits for its loop to stop: in a child forked after the portal
+    started there is no such loop, and the child would hang as it exits. The child just
+    forgets the parent's portal and starts one of its own.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._context: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
-        self._thread_id: int | None = None
+        self._thread: threading.Thread | None = None
         self._pid = 0
         self._exit_hook = False
 
@@ -39,26 +45,31 @@ class _PortalThread:
         with self._lock:
             if self._portal is not None and self._pid == os.getpid():
                 return self._portal
-            if self._context is not None:
-                # The parent's, whose loop thread did not survive the fork. Closing it
-                # would wait for that loop forever, and so would collecting it: keep it.
-                _forsaken.append(self._context)
-            context = start_blocking_portal("asyncio")
-            portal = context.__enter__()
-            self._thread_id = portal.call(_name_current_thread, self.name)
-            self._context, self._portal, self._pid = context, portal, os.getpid()
+            started: Future[BlockingPortal] = Future()
+
+            async def serve() -> None:
+                async with BlockingPortal() as portal:
+                    started.set_result(portal)
+                    await portal.sleep_until_stopped()
+
+            def main() -> None:
+                try:
+                    anyio.run(serve)
+                except BaseException as exc:
+                    if not started.done():
+                        started.set_exception(exc)
+
+            thread = threading.Thread(target=main, name=self.name, daemon=True)
+            thread.start()
+            self._portal, self._thread, self._pid = started.result(), thread, os.getpid()
             if not self._exit_hook:
                 atexit.register(self.stop)
                 self._exit_hook = True
-            return portal
+            return self._portal
 
     def owns_current_thread(self) -> bool:
         """Whether the calling code runs on this portal's event loop."""
-        return (
-            self._portal is not None
-            and self._pid == os.getpid()
-            and self._thread_id == threading.get_ident()
-        )
+        return self._thread is threading.current_thread() and self._pid == os.getpid()
 
     def run(self, awaitable: Awaitable[Any]) -> Any:
         """Run ``awaitable`` on the portal; block until done and return its result."""
@@ -77,21 +88,15 @@ class _PortalThread:
     def stop(self) -> None:
         """Stop the portal, cancelling what still runs on it; a later run starts another."""
         with self._lock:
-            context, portal = self._context, self._portal
-            self._context = self._portal = self._thread_id = None
-        if context is None or portal is None or self._pid != os.getpid():
+            portal, thread = self._portal, self._thread
+            self._portal = self._thread = None
+        if portal is None or thread is None or self._pid != os.getpid():
             return
         try:
             portal.call(portal.stop, True)
         except RuntimeError:  # already stopped
-            pass
-        context.__exit__(None, None, None)
-
-
-def _name_current_thread(name: str) -> int:
-    thread = threading.current_thread()
-    thread.name = name
-    return thread.ident or threading.get_ident()
+            return
+        thread.join(timeout=5)
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -104,7 +109,6 @@ def _discard(awaitable: Awaitable[Any]) -> None:
         awaitable.close()
 
 
-_forsaken: list[AbstractContextManager[BlockingPortal]] = []
 _portals_lock = threading.Lock()
 _portals: list[_PortalThread] = []
 
