@@ -74,7 +74,7 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         buffer = self._buffer
         buffer += data
-        messages = []
+        messages: list[dict[str, Any]] = []
         while True:
             if not self._need:
                 if len(buffer) < HEADER_SIZE:
