@@ -6,13 +6,15 @@ however much it writes.
 
 from __future__ import annotations
 
+from hermes_sandbox.truncation import HEAD_SHARE, decode_ends
+
 
 class HeadTailBuffer:
     """Keep the first ``head_limit`` and the last ``tail_limit`` bytes fed to it."""
 
     __slots__ = ("_head", "_tail", "head_limit", "tail_limit", "total")
 
-    def __init__(self, limit: int, head_fraction: float = 0.4) -> None:
+    def __init__(self, limit: int, head_fraction: float = HEAD_SHARE) -> None:
         if limit < 0:
             raise ValueError("limit must be >= 0")
         self.head_limit = int(limit * head_fraction)
@@ -56,20 +58,8 @@ class HeadTailBuffer:
         """Everything, when nothing was dropped; else head and tail joined."""
         return self.head() + self.tail()
 
-
-def trim_utf8_end(data: bytes) -> bytes:
-    """Drop an incomplete UTF-8 sequence cut off at the end of ``data``."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:  # a lead byte or ASCII
-            need = 1 if byte < 0x80 else 2 if byte >> 5 == 6 else 3 if byte >> 4 == 14 else 4
-            return data[:-back] if need > back else data
-    return data
-
-
-def trim_utf8_start(data: bytes) -> bytes:
-    """Drop continuation bytes left at the start of ``data`` by a cut."""
-    start = 0
-    while start < min(3, len(data)) and data[start] & 0xC0 == 0x80:
-        start += 1
-    return data[start:]
+    def text(self) -> str:
+        """What was kept, decoded: all of it, or head and tail around the omission marker."""
+        if not self.truncated:
+            return self.getvalue().decode("utf-8", "replace")
+        return decode_ends(self.head(), self.omitted, self.tail())

@@ -267,13 +267,7 @@ class ExecStreamEnvironment(Environment, Runtime):
                 if not finished and not deadline.cancelled_caught:
                     await self._kill_command(token)  # the caller was cancelled
                 await stream.aclose()
-        text = output.getvalue().decode("utf-8", "replace")
-        if output.truncated:
-            text = (
-                output.head().decode("utf-8", "replace")
-                + f"\n... [{output.omitted} bytes of output omitted] ...\n"
-                + output.tail().decode("utf-8", "replace")
-            )
+        text = output.text()
         if deadline.cancelled_caught:
             return CommandResult(text, TIMEOUT_EXIT_CODE, timed_out=True)
         raise_helper_failure(

@@ -218,13 +218,7 @@ class LocalEnvironment(Environment, Runtime):
             with anyio.CancelScope(shield=True):
                 await handle.aclose()
         timed_out = scope.cancelled_caught
-        text = output.getvalue().decode("utf-8", "replace")
-        if output.truncated:
-            text = (
-                output.head().decode("utf-8", "replace")
-                + f"\n... [{output.omitted} bytes of output omitted] ...\n"
-                + output.tail().decode("utf-8", "replace")
-            )
+        text = output.text()
         if timed_out:
             return CommandResult(text, TIMEOUT_EXIT_CODE, timed_out=True)
         code = process.returncode

@@ -41,11 +41,6 @@ _RECEIVE_CHUNK = 256 * 1024
 _packer_options = {"use_bin_type": True}
 
 
-def encode_body(message: dict[str, Any]) -> bytes:
-    """Encode one message map as a frame body (msgpack, bin type for bytes)."""
-    return msgpack.packb(message, **_packer_options)
-
-
 def encode_frame(message: dict[str, Any]) -> bytes:
     """Encode one message map as a whole frame: header and body."""
     body = msgpack.packb(message, **_packer_options)

@@ -11,7 +11,7 @@ import os
 import tempfile
 from typing import BinaryIO
 
-from hermes_sandbox.environments.capture import HeadTailBuffer, trim_utf8_end, trim_utf8_start
+from hermes_sandbox.environments.capture import HeadTailBuffer
 
 MAX_STDOUT_BYTES = 50_000
 MAX_STDERR_BYTES = 10_000
@@ -20,13 +20,6 @@ MAX_SPILL_BYTES = 5_000_000
 
 def default_spill_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "hermes-sandbox-spill")
-
-
-def truncation_marker(omitted: int, total: int) -> str:
-    return (
-        f"\n\n... [OUTPUT TRUNCATED: {omitted:,} of {total:,} bytes omitted from the "
-        "middle] ...\n\n"
-    )
 
 
 class CappedOutput:
@@ -110,11 +103,4 @@ class CappedOutput:
 
     def text(self) -> str:
         """The kept text: whole, or head + marker + tail, decoded with replacement."""
-        buf = self.buffer
-        if not buf.truncated:
-            return buf.getvalue().decode("utf-8", "replace")
-        return (
-            trim_utf8_end(buf.head()).decode("utf-8", "replace")
-            + truncation_marker(buf.omitted, buf.total)
-            + trim_utf8_start(buf.tail()).decode("utf-8", "replace")
-        )
+        return self.buffer.text()

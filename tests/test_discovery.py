@@ -3,7 +3,9 @@ one that fails is logged and skipped."""
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -212,6 +214,41 @@ def test_builtin_discovery_finds_the_tool_modules_and_no_helpers():
     on_disk = find_tool_files(Path(discovery.__file__).parent, package="hermes_sandbox.tools")
     assert found == sorted(found)
     assert set(found) <= {f"hermes_sandbox.tools.{p.stem}" for p in on_disk}  # less any that failed
+
+
+def test_builtin_discovery_registers_the_web_tools_once_and_leaves_their_machinery_lazy():
+    """In a fresh interpreter: web_tools is the one module that registers web_search and
+    web_extract, each exactly once; the tools/web/ package is reached only through it,
+    and the ``web`` extra's libraries are not imported at all."""
+    program = textwrap.dedent(
+        """
+        import json, sys
+        from hermes_sandbox.tools.registry import ToolRegistry
+
+        calls = []
+        register = ToolRegistry.register
+
+        def counting(self, name, *args, **kwargs):
+            calls.append(name)
+            return register(self, name, *args, **kwargs)
+
+        ToolRegistry.register = counting
+        from hermes_sandbox.tools.discovery import discover_builtin_tools
+
+        found = discover_builtin_tools()
+        extra = sorted(m for m in ("httpx", "httpcore", "bs4", "markdownify") if m in sys.modules)
+        print(json.dumps({"found": found, "calls": calls, "extra": extra}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    report = json.loads(done.stdout)
+    assert "hermes_sandbox.tools.web_tools" in report["found"]
+    assert not [m for m in report["found"] if m.startswith("hermes_sandbox.tools.web.")]
+    assert report["calls"].count("web_search") == 1
+    assert report["calls"].count("web_extract") == 1
+    assert report["extra"] == []
 
 
 def test_builtin_discovery_is_cached(monkeypatch):

@@ -4,8 +4,11 @@ dispatch, result caps, and async handlers called from every kind of caller."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,12 +18,12 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from hermes_sandbox.tools.capping import cap_result
 from hermes_sandbox.tools.decorator import build_tool_schema, parse_docstring, tool
 from hermes_sandbox.tools.registry import (
     CHECK_TTL_SECONDS,
     ToolContext,
     ToolRegistry,
-    cap_result,
     tool_error,
     tool_result,
 )
@@ -265,7 +268,7 @@ def test_cap_keeps_a_json_object_valid():
     head, sep, rest = data["output"].partition("\n... [")
     assert sep
     omitted, _, tail = rest.partition(" characters omitted] ...\n")
-    assert int(omitted) == len(text) - len(head) - len(tail)
+    assert int(omitted.replace(",", "")) == len(text) - len(head) - len(tail)
     assert text.startswith(head) and text.endswith(tail)
     assert 0.3 < len(head) / (len(head) + len(tail)) < 0.5  # head 40%, tail 60%
 
@@ -463,6 +466,60 @@ def test_an_async_handler_may_dispatch_another_async_tool_synchronously():
     reg.register("outer", "test", {"name": "outer"}, outer)
     for _ in range(5):
         assert result(reg.dispatch("outer", {})) == {"inner": 7}
+
+
+def test_dispatch_gives_an_async_handler_the_callers_context_variables():
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    reg = ToolRegistry()
+
+    async def which(args):
+        seen = request_id.get("unset")
+        request_id.set("changed by the handler")
+        return {"id": seen}
+
+    reg.register("which", "test", {"name": "which"}, which)
+    assert result(reg.dispatch("which", {}))["id"] == "unset"
+    token = request_id.set("r-1")
+    try:
+        assert result(reg.dispatch("which", {}))["id"] == "r-1"
+        assert request_id.get() == "r-1"  # the handler's change stays in its copy
+    finally:
+        request_id.reset(token)
+
+
+FORKING_PROGRAM = """
+import os, sys
+import anyio
+from hermes_sandbox.tools.registry import ToolRegistry
+
+async def double(args):
+    await anyio.sleep(0)
+    return {"n": await anyio.to_thread.run_sync(lambda: args["n"] * 2)}
+
+reg = ToolRegistry()
+reg.register("double", "test", {"name": "double"}, double)
+assert reg.dispatch("double", {"n": 1}) == '{"n": 2}'  # the parent's loop is up
+children = []
+for use_it in (True, False):
+    pid = os.fork()
+    if pid == 0:  # the parent's loop thread did not come along
+        if use_it:
+            assert reg.dispatch("double", {"n": 2}) == '{"n": 4}'
+        sys.exit(0)  # a normal exit: atexit hooks, then finalization
+    children.append(pid)
+for pid in children:
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+assert reg.dispatch("double", {"n": 3}) == '{"n": 6}'  # and the parent's still is
+print("ok")
+"""
+
+
+def test_a_forked_child_runs_async_tools_on_a_loop_of_its_own_and_exits():
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING_PROGRAM], capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
 
 
 def test_async_failures_and_non_string_results():

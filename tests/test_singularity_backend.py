@@ -723,7 +723,7 @@ async def test_command_results_and_output_cap(cli: FakeCLI) -> None:
         result = await env.execute("echo out; echo err >&2; exit 3")
         assert (result.output, result.exit_code) == ("out\nerr\n", 3)
         big = await env.execute("yes 0123456789 | head -c 100000", max_output_bytes=1000)
-        assert "bytes of output omitted" in big.output and len(big.output) < 1200
+        assert "bytes omitted] ..." in big.output and len(big.output) < 1200
         with pytest.raises(FileNotFoundError):
             await env.execute("true", cwd="/nonexistent-dir")
 

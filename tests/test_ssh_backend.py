@@ -722,7 +722,7 @@ def test_output_caps(server: Server, tmp_path: Path) -> None:
     assert stdout_part.rstrip().endswith("Z")
     assert "B" * 50_000 not in stdout_part
     assert 0 < stderr_part.count("q") <= 2_000
-    assert "TRUNCATED" in stderr_part
+    assert "bytes omitted] ..." in stderr_part
 
 
 def test_token_is_on_no_remote_command_line(server: Server) -> None:

@@ -476,11 +476,12 @@ async def test_output_is_clipped_around_the_middle(env: LocalEnvironment, tmp_pa
     )
     output = result["output"]
     assert result["exit_code"] == 0
-    head = int(MAX_OUTPUT_CHARS * 0.4)
-    tail = MAX_OUTPUT_CHARS - head
-    assert output.startswith("H" * head + "\n... [110000 characters omitted] ...\n")
-    assert output.endswith("T" * tail)
-    assert len(output) < MAX_OUTPUT_CHARS + 100
+    assert len(output) <= MAX_OUTPUT_CHARS
+    head, marker, tail = output.partition("\n... [")
+    omitted, _, tail = tail.partition(" characters omitted] ...\n")
+    assert marker and set(head) == {"H"} and set(tail) == {"T"}
+    assert len(head) + int(omitted.replace(",", "")) + len(tail) == 160_000
+    assert len(head) == int((len(head) + len(tail)) * 0.4)  # head 40%, tail 60%
 
 
 @pytest.mark.anyio

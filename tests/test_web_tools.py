@@ -25,7 +25,10 @@ from httpserver import LocalHTTPServer, Reply, Request
 
 from hermes_sandbox.tools import web_tools
 from hermes_sandbox.tools.registry import ToolRegistry, registry
-from hermes_sandbox.tools.web_tools import MAX_RESPONSE_BYTES
+from hermes_sandbox.tools.web import guard
+from hermes_sandbox.tools.web.client import MAX_REDIRECTS, MAX_RESPONSE_BYTES
+from hermes_sandbox.tools.web.guard import ALLOW_PRIVATE_HINT, internal_address_kind
+from hermes_sandbox.tools.web.markdown import html_to_markdown, strip_code_blocks
 
 BRAVE_KEY = "brave-test-key"
 TAVILY_KEY = "tvly-test-key"
@@ -706,8 +709,8 @@ async def test_a_redirect_loop_stops_at_the_limit(
 ) -> None:
     result = await call(tools, "web_extract", {"urls": [site.url("/loop")]})
     (page,) = result["results"]
-    assert page["error"] == f"too many redirects (more than {web_tools.MAX_REDIRECTS})"
-    assert len(site.requests) == web_tools.MAX_REDIRECTS + 1
+    assert page["error"] == f"too many redirects (more than {MAX_REDIRECTS})"
+    assert len(site.requests) == MAX_REDIRECTS + 1
 
 
 @pytest.mark.anyio
@@ -756,8 +759,8 @@ async def test_char_limit_keeps_head_and_tail_around_a_marker(
     assert len(content) <= 1000
     assert content.startswith("START")
     assert content.endswith("END")
-    head, rest = content.split("\n\n[... ", 1)
-    omitted, tail = rest.split(" characters omitted ...]\n\n", 1)
+    head, rest = content.split("\n... [", 1)
+    omitted, tail = rest.split(" characters omitted] ...\n", 1)
     assert len(head) + int(omitted.replace(",", "")) + len(tail) == page["total_chars"]
     assert len(head) > len(tail) > 100  # more of the start is kept than of the end
 
@@ -852,7 +855,7 @@ async def test_a_single_url_string_is_taken_as_a_list(
 
 # -- web_extract: internal destinations ----------------------------------------------------
 
-HINT = web_tools.ALLOW_PRIVATE_HINT
+HINT = ALLOW_PRIVATE_HINT
 
 
 @pytest.fixture
@@ -1032,7 +1035,7 @@ async def test_a_name_is_resolved_once_and_the_checked_address_connected(
         lookups.append(host)
         return ["127.0.0.1"]
 
-    monkeypatch.setattr(web_tools, "_resolve", resolve)
+    monkeypatch.setattr(guard, "_resolve", resolve)
     url = f"http://wiki.invalid:{site.port}/plain"
     refused = (await call(tools, "web_extract", {"urls": [url]}))["results"][0]
     assert refused["error"] == (
@@ -1061,7 +1064,7 @@ async def test_dns_rebinding_gets_no_second_answer(
         lookups.append(host)
         return next(answers)
 
-    monkeypatch.setattr(web_tools, "_resolve", resolve)
+    monkeypatch.setattr(guard, "_resolve", resolve)
     result = await call(tools, "web_extract", {"urls": ["http://rebind.invalid/"]})
     assert result["results"][0]["error"] == (
         "could not connect (test: only the local server is reachable)"
@@ -1078,7 +1081,7 @@ async def test_a_name_with_any_internal_address_is_refused(
     async def resolve(host: str, port: int) -> list[str]:
         return ["93.184.215.14", "10.0.0.5"]
 
-    monkeypatch.setattr(web_tools, "_resolve", resolve)
+    monkeypatch.setattr(guard, "_resolve", resolve)
     result = await call(tools, "web_extract", {"urls": ["https://mixed.invalid/"]})
     assert result["results"][0]["error"] == (
         f"refused: mixed.invalid resolves to 10.0.0.5, a private address; {HINT}"
@@ -1161,14 +1164,14 @@ async def test_provider_endpoints_are_not_checked(
     ],
 )
 def test_internal_address_kind(address: str, kind: str | None) -> None:
-    assert web_tools.internal_address_kind(address) == kind
+    assert internal_address_kind(address) == kind
 
 
 @pytest.mark.parametrize(
     "address", ["192.0.2.1", "198.51.100.7", "240.0.0.1", "255.255.255.255", "2001:db8::1"]
 )
 def test_reserved_and_documentation_ranges_are_internal(address: str) -> None:
-    assert web_tools.internal_address_kind(address) is not None
+    assert internal_address_kind(address) is not None
 
 
 # -- web_extract through Firecrawl ---------------------------------------------------------
@@ -1246,17 +1249,17 @@ def test_clip_never_exceeds_the_limit(limit: int) -> None:
     ],
 )
 def test_strip_code_blocks(markup: bytes, expected: bytes) -> None:
-    assert web_tools.strip_code_blocks(markup) == expected
+    assert strip_code_blocks(markup) == expected
 
 
 def test_html_conversion_stops_at_its_markup_budget() -> None:
     markup = b"<h1>Top</h1>" + b"<p>filler paragraph</p>" * 5000 + b"<p>LAST</p>"
-    title, content, cut = web_tools.html_to_markdown(markup, "http://h/", max_markup=10_000)
+    title, content, cut = html_to_markdown(markup, "http://h/", max_markup=10_000)
     assert cut is True
     assert title == "Top"
     assert content.startswith("# Top")
     assert "LAST" not in content
     assert len(content) < 10_000
-    _, whole, cut = web_tools.html_to_markdown(markup, "http://h/")
+    _, whole, cut = html_to_markdown(markup, "http://h/")
     assert cut is False
     assert whole.endswith("LAST")

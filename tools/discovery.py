@@ -33,7 +33,9 @@ from hermes_sandbox.tools.loader import ToolModuleError, import_file
 log = logging.getLogger(__name__)
 
 # The tools package's own machinery: never a tool module, never imported by discovery.
-BUILTIN_EXCLUDED = frozenset({"registry.py", "loader.py", "discovery.py"})
+BUILTIN_EXCLUDED = frozenset(
+    {"registry.py", "async_bridge.py", "capping.py", "loader.py", "discovery.py"}
+)
 
 # Every spelling of the default registry and of ``@tool``: the public top-level names,
 # and where they are defined.

@@ -20,28 +20,25 @@ Where a handler runs:
 - ``await adispatch(...)`` (async code): an async handler runs in the caller's event
   loop; a sync handler in a worker thread, so the loop is never blocked.
 - ``dispatch(...)`` (sync code, any thread): a sync handler runs in the calling thread;
-  an async handler runs on the registry's private event loop, which lives in a daemon
-  thread for the life of the process, and the caller waits. Reusing one loop keeps any
-  loop-bound state a handler caches (a client, a lock) valid from call to call. Called
-  from inside a running event loop, ``dispatch`` blocks that loop until the tool is
-  done: async code should use ``adispatch``.
+  an async handler runs on the registry's own event loop, an anyio blocking portal kept
+  for the life of the process (:mod:`hermes_sandbox.tools.async_bridge`), and the caller
+  waits. Called from inside a running event loop, ``dispatch`` blocks that loop until
+  the tool is done: async code should use ``adispatch``.
+
+A result longer than its tool's ``max_result_size_chars`` is cut to fit
+(:mod:`hermes_sandbox.tools.capping`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import concurrent.futures
-import contextvars
 import functools
 import inspect
 import json
 import logging
-import os
 import posixpath
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +46,8 @@ import anyio
 import anyio.to_thread
 
 from hermes_sandbox.tools.arguments import ToolArguments, describe_problems
+from hermes_sandbox.tools.async_bridge import run_awaitable
+from hermes_sandbox.tools.capping import cap_result
 
 if TYPE_CHECKING:
     from hermes_sandbox.environments.base import Runtime
@@ -149,263 +148,6 @@ def _takes_context(handler: Handler) -> bool:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
     ]
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in positional)
-
-
-# ------------------------------------------------------------------------ result caps
-
-HEAD_SHARE = 0.4  # of what is kept; the tail gets the rest
-_MAX_JSON_ROUNDS = 32
-# A string shorter than this gains nothing from a marker in its middle.
-_MIN_CUTTABLE = 64
-
-
-def _marker(omitted: int) -> str:
-    return f"\n... [{omitted} characters omitted] ...\n"
-
-
-def _cut(text: str, keep: int) -> str:
-    """``text`` with only ``keep`` of its characters, head and tail, around a marker."""
-    head = int(keep * HEAD_SHARE)
-    tail = keep - head
-    return text[:head] + _marker(len(text) - keep) + text[len(text) - tail :]
-
-
-def _cap_text(text: str, limit: int) -> str:
-    keep = limit - len(_marker(len(text)))
-    if keep <= 0:
-        return text[:limit]
-    return _cut(text, keep)
-
-
-def _string_leaves(node: Any, found: list[tuple[Any, Any, str]]) -> None:
-    """Every string value inside ``node``, as (container, key, text)."""
-    items: Iterable[tuple[Any, Any]]
-    if isinstance(node, dict):
-        items = node.items()
-    elif isinstance(node, list):
-        items = enumerate(node)
-    else:
-        return
-    for key, value in items:
-        if isinstance(value, str):
-            found.append((node, key, value))
-        else:
-            _string_leaves(value, found)
-
-
-def _json_cost(text: str) -> int:
-    """Characters ``text`` takes inside JSON, quotes excluded (escapes count)."""
-    return len(json.dumps(text, ensure_ascii=False)) - 2
-
-
-def _cap_json_object(text: str, limit: int) -> str | None:
-    """Cut the longest string fields of a JSON object until its text fits, or None."""
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    data["truncated"] = True
-    leaves = [leaf for leaf in _string_leaves_of(data) if len(leaf[2]) >= _MIN_CUTTABLE]
-    kept = [len(leaf[2]) for leaf in leaves]
-    costs = [_json_cost(leaf[2]) for leaf in leaves]
-    for _ in range(_MAX_JSON_ROUNDS):
-        out = json.dumps(data, ensure_ascii=False)
-        excess = len(out) - limit
-        if excess <= 0:
-            return out
-        shrinkable = [j for j in range(len(leaves)) if kept[j] > 0]
-        if not shrinkable:
-            return None
-        i = max(shrinkable, key=costs.__getitem__)
-        container, key, original = leaves[i]
-        budget = costs[i] - excess  # what this field may take for the whole to fit
-        # The most characters to keep with the cut field within budget: every character
-        # costs at least one (escapes more), so search below budget - marker.
-        low, high = 0, max(min(kept[i] - 1, budget - len(_marker(len(original)))), 0)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if _json_cost(_cut(original, middle)) <= budget:
-                low = middle
-            else:
-                high = middle - 1
-        kept[i] = low
-        container[key] = _cut(original, low)
-        costs[i] = _json_cost(container[key])
-    return None
-
-
-def _string_leaves_of(data: dict[str, Any]) -> list[tuple[Any, Any, str]]:
-    found: list[tuple[Any, Any, str]] = []
-    _string_leaves(data, found)
-    return found
-
-
-def cap_result(result: str, limit: int | None) -> str:
-    """Fit an over-long result in ``limit`` characters.
-
-    A JSON object stays valid JSON: its longest string fields are cut, keeping their
-    head (40%) and tail (60%) around a ``... [N characters omitted] ...`` marker, and
-    ``"truncated": true`` is set. Any other text (or an object that cannot be made to
-    fit that way) keeps its own head and tail around the marker.
-    """
-    if limit is None or len(result) <= limit:
-        return result
-    capped = _cap_json_object(result, limit)
-    return capped if capped is not None else _cap_text(result, limit)
-
-
-# ----------------------------------------------------------------------- async bridge
-
-
-class _LoopThread:
-    """A private asyncio event loop running in a daemon thread for the whole process.
-
-    Sync callers hand it coroutines and wait for them. One loop for every call, rather
-    than a fresh ``asyncio.run`` each time, keeps loop-bound state that a handler
-    caches valid: the usual source of "Event loop is closed". Each coroutine runs in a
-    fresh ``contextvars`` context, so nothing of the caller's event loop (such as
-    sniffio's note that trio is running) leaks into it. Restarted after a fork; stopped
-    and closed at interpreter exit.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._exit_hook = False
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            if (
-                loop is not None
-                and thread is not None
-                and thread.is_alive()
-                and self._pid == os.getpid()
-            ):
-                return loop
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
-
-            def main() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(ready.set)
-                try:
-                    loop.run_forever()
-                finally:
-                    _close_loop(loop)
-
-            thread = threading.Thread(target=main, name=self.name, daemon=True)
-            thread.start()
-            ready.wait()
-            self._loop, self._thread, self._pid = loop, thread, os.getpid()
-            if not self._exit_hook:
-                atexit.register(self.stop)
-                self._exit_hook = True
-            return loop
-
-    def owns_current_thread(self) -> bool:
-        return self._thread is threading.current_thread()
-
-    def run(self, awaitable: Awaitable[Any]) -> Any:
-        """Run ``awaitable`` on the private loop; block until done and return its result."""
-        loop = self._running_loop()
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        tasks: list[asyncio.Task[Any]] = []
-
-        def finish(task: asyncio.Task[Any]) -> None:
-            if task.cancelled():
-                done.set_exception(concurrent.futures.CancelledError())
-            elif task.exception() is not None:
-                done.set_exception(task.exception())  # type: ignore[arg-type]
-            else:
-                done.set_result(task.result())
-
-        def start() -> None:
-            if not done.set_running_or_notify_cancel():
-                _discard(awaitable)
-                return
-            task = loop.create_task(_as_coroutine(awaitable))
-            tasks.append(task)
-            task.add_done_callback(finish)
-
-        loop.call_soon_threadsafe(start, context=contextvars.Context())
-        try:
-            return done.result()
-        finally:
-            if not done.done():  # interrupted while waiting: do not leave the tool running
-                if done.cancel():
-                    _discard(awaitable)
-                else:
-                    try:
-                        loop.call_soon_threadsafe(lambda: tasks and tasks[0].cancel())
-                    except RuntimeError:  # the loop is closed: nothing left to stop
-                        pass
-
-    def stop(self) -> None:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None or self._pid != os.getpid():
-            return
-        try:
-            loop.call_soon_threadsafe(loop.stop)
-        except RuntimeError:  # already closed
-            return
-        thread.join(timeout=5)
-
-
-def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
-    try:
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.run_until_complete(loop.shutdown_default_executor())
-    finally:
-        loop.close()
-
-
-async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
-
-
-def _discard(awaitable: Awaitable[Any]) -> None:
-    """Close a coroutine that will never run (so Python does not warn about it)."""
-    if inspect.iscoroutine(awaitable):
-        awaitable.close()
-
-
-_loop_threads_lock = threading.Lock()
-_loop_threads: list[_LoopThread] = []
-
-
-def run_awaitable(awaitable: Awaitable[Any]) -> Any:
-    """Run ``awaitable`` to completion from synchronous code and return its result.
-
-    It runs on the registry's private event loop (see the module docstring) while the
-    calling thread waits. Code already running on that loop (an async handler that
-    calls ``dispatch``) cannot wait for its own loop, so its call goes to a second
-    private loop, and so on one level deeper for each nesting; each level's loop
-    persists like the first.
-    """
-    with _loop_threads_lock:
-        level = next((i + 1 for i, t in enumerate(_loop_threads) if t.owns_current_thread()), 0)
-        while len(_loop_threads) <= level:
-            _loop_threads.append(_LoopThread(f"tool-dispatch-loop-{len(_loop_threads)}"))
-        loop_thread = _loop_threads[level]
-    return loop_thread.run(awaitable)
-
-
-# --------------------------------------------------------------------------- registry
 
 
 class ToolRegistry:
@@ -613,7 +355,7 @@ class ToolRegistry:
         """Call a tool from synchronous code, in any thread. Never raises.
 
         A sync handler runs in this thread. An async handler runs on the registry's
-        private event loop while this thread waits (see the module docstring); from
+        own event loop while this thread waits (see the module docstring); from
         inside a running event loop that blocks the loop, so async code should use
         :meth:`adispatch`.
         """

@@ -11,6 +11,7 @@ from typing import Any
 
 from hermes_sandbox.tools.approval import ApprovalPolicy
 from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
+from hermes_sandbox.truncation import cut_middle
 
 DEFAULT_TIMEOUT = 180
 MAX_TIMEOUT = 3600
@@ -50,17 +51,6 @@ TERMINAL_SCHEMA = {
 }
 
 
-def _clip(text: str) -> str:
-    if len(text) <= MAX_OUTPUT_CHARS:
-        return text
-    head = int(MAX_OUTPUT_CHARS * 0.4)
-    tail = MAX_OUTPUT_CHARS - head
-    return (
-        f"{text[:head]}\n... [{len(text) - MAX_OUTPUT_CHARS} characters omitted] ...\n"
-        f"{text[-tail:]}"
-    )
-
-
 async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
     command = args.get("command")
     if not isinstance(command, str) or not command.strip():
@@ -85,7 +75,10 @@ async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
     if refusal is not None:
         return tool_error(refusal, approval_required=True)
     done = await ctx.environment.execute(command, timeout=timeout, cwd=cwd)
-    result: dict[str, Any] = {"output": _clip(done.output), "exit_code": done.exit_code}
+    result: dict[str, Any] = {
+        "output": cut_middle(done.output, MAX_OUTPUT_CHARS),
+        "exit_code": done.exit_code,
+    }
     if done.timed_out:
         result["error"] = f"Command timed out after {timeout}s and was killed"
     return tool_result(result)
