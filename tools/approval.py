@@ -63,6 +63,14 @@ from typing import Literal
 
 import anyio.to_thread
 
+from hermes_sandbox.tools.wrappers import (
+    Wrapper,
+    expand_long_option,
+    read_options,
+    shell_quote,
+    unwrap,
+)
+
 log = logging.getLogger(__name__)
 
 Scope = Literal["command", "redirect", "pipeline", "text", "script"]
@@ -374,49 +382,86 @@ _OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
 _OPERATOR_RX = re.compile("|".join(re.escape(op) for op in _OPERATORS))
 _PLAIN_RUN = re.compile(r"[^\s\\'\"$`<>|&;()#]+")  # characters that are only themselves
 _PIPES = ("|", "|&")
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
-_KEYWORDS = frozenset({"!", "{", "}", "if", "then", "else", "elif", "do", "while", "until", "time"})
+_PARAMETER = re.compile(r"[A-Za-z0-9_@*#?$!-]")  # what may follow "$" in a parameter
 _SHELL_NAMES = re.compile(_SHELLS)
 
-# Programs that only wrap the command after them: name -> (options that take a value,
-# positional arguments before the command).
-_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
-    "sudo": (
-        frozenset(
-            {"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-T", "-U", "--user", "--group"}
-            | {"--host", "--prompt", "--chdir", "--role", "--type", "--other-user"}
-            | {"--close-from", "--command-timeout"}
+# The long options of the programs the table reads options of, so that an abbreviation
+# reads as the option it is to GNU getopt: "rm --recur /" is "rm --recursive /".
+_CHOWN_LONG = (
+    "--changes --dereference --no-dereference --from --no-preserve-root --preserve-root "
+    "--quiet --silent --reference --recursive --verbose --help --version"
+)
+_COPY_LONG = (
+    "--backup --force --interactive --no-clobber --strip-trailing-slashes --suffix "
+    "--target-directory --no-target-directory --update --verbose --context --debug --help "
+    "--version"
+)
+_LONG_OPTIONS: dict[str, tuple[str, ...]] = {
+    name: tuple(options.split())
+    for names, options in (
+        (
+            "rm",
+            "--force --interactive --one-file-system --no-preserve-root --preserve-root "
+            "--recursive --dir --verbose --help --version",
         ),
-        0,
-    ),
-    "doas": (frozenset({"-u", "-C"}), 0),
-    "pkexec": (frozenset({"--user"}), 0),
-    "runuser": (frozenset({"-u", "-g", "-G", "--user", "--group", "--supp-group"}), 0),
-    "command": (frozenset(), 0),
-    "builtin": (frozenset(), 0),
-    "exec": (frozenset({"-a"}), 0),
-    "nohup": (frozenset(), 0),
-    "setsid": (frozenset(), 0),
-    "time": (frozenset({"-f", "-o", "--format", "--output"}), 0),
-    "nice": (frozenset({"-n", "--adjustment"}), 0),
-    "ionice": (frozenset({"-c", "-n", "-p", "--class", "--classdata"}), 0),
-    "timeout": (frozenset({"-s", "-k", "--signal", "--kill-after"}), 1),
-    "stdbuf": (frozenset({"-i", "-o", "-e"}), 0),
-    "unbuffer": (frozenset(), 0),
-    "chroot": (frozenset({"--userspec", "--groups"}), 1),
-    "taskset": (frozenset(), 1),
-    "busybox": (frozenset(), 0),
-    "xargs": (
-        frozenset({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file"})
-        | {"--delimiter", "--max-args", "--max-procs", "--max-lines", "--replace"}
-        | {"--process-slot-var", "--max-chars", "--eof"},
-        0,
-    ),
+        (
+            "chmod",
+            "--changes --silent --quiet --verbose --no-preserve-root --preserve-root "
+            "--reference --recursive --help --version",
+        ),
+        ("chown chgrp", _CHOWN_LONG),
+        (
+            "sed",
+            "--quiet --silent --debug --expression --file --follow-symlinks --in-place "
+            "--line-length --null-data --zero-terminated --posix --regexp-extended "
+            "--separate --sandbox --unbuffered --help --version",
+        ),
+        (
+            "cp",
+            _COPY_LONG + " --archive --attributes-only --copy-contents --dereference --link "
+            "--no-dereference --preserve --no-preserve --parents --recursive --reflink "
+            "--remove-destination --sparse --symbolic-link --one-file-system "
+            "--keep-directory-symlink",
+        ),
+        ("mv", _COPY_LONG + " --exchange --no-copy"),
+        (
+            "install",
+            _COPY_LONG + " --compare --directory --group --mode --owner --preserve-timestamps "
+            "--strip --strip-program --preserve-context",
+        ),
+        (
+            "ln",
+            _COPY_LONG + " --directory --logical --no-dereference --physical --relative --symbolic",
+        ),
+        ("tee", "--append --ignore-interrupts --output-error --help --version"),
+        ("truncate", "--no-create --io-blocks --reference --size --help --version"),
+        (
+            "shred",
+            "--force --iterations --random-source --size --remove --verbose --exact --zero "
+            "--help --version",
+        ),
+        (
+            "pkill",
+            "--signal --count --euid --uid --group --parent --ns --nslist --session "
+            "--terminal --full --ignore-case --newest --oldest --older --pidfile "
+            "--logpidfile --runstates --echo --inverse --exact --cgroup --lightweight "
+            "--delimiter --list-name --list-full --require-handler --queue --env --help "
+            "--version",
+        ),
+        (
+            "killall",
+            "--exact --ignore-case --process-group --younger-than --older-than "
+            "--interactive --quiet --regexp --signal --user --verbose --wait --ns --context "
+            "--help --version",
+        ),
+        ("kill", "--signal --list --table --queue --timeout --verbose --help --version"),
+    )
+    for name in names.split()
 }
-_ENV_VALUE_OPTIONS = frozenset({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"})
+
 _SHELL_VALUE_OPTIONS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 _SSH_VALUE_OPTIONS = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
-_WATCH_VALUE_OPTIONS = frozenset({"-n", "--interval", "-q", "--equexit"})
+_WATCH = Wrapper(frozenset({"-n", "--interval", "-q", "--equexit"}))
 
 
 @dataclass(slots=True)
@@ -425,6 +470,7 @@ class _Word:
     start: int
     end: int
     substitutions: list[str] = field(default_factory=list)
+    expands: bool = False  # holds a $VAR, ${...}, $(...), backtick or <(...) the shell fills in
 
 
 @dataclass(slots=True)
@@ -499,6 +545,7 @@ def _tokenize(text: str) -> list[_Word | _Operator]:
     parts: list[str] | None = None
     subs: list[str] = []
     start = 0
+    expands = False
 
     def begin() -> list[str]:
         nonlocal parts, start
@@ -508,11 +555,12 @@ def _tokenize(text: str) -> list[_Word | _Operator]:
         return parts
 
     def flush(end: int) -> None:
-        nonlocal parts, subs
+        nonlocal parts, subs, expands
         if parts is not None:
-            tokens.append(_Word("".join(parts), start, end, subs))
+            tokens.append(_Word("".join(parts), start, end, subs, expands))
         parts = None
         subs = []
+        expands = False
 
     while i < n:
         c = text[i]
@@ -552,17 +600,21 @@ def _tokenize(text: str) -> list[_Word | _Operator]:
                     subs.append(text[i + 2 : close])
                     word.append(text[i : close + 1])
                     i = close + 1
+                    expands = True
                 elif d == "$" and text.startswith("${", i):
                     close = _matching_close(text, i + 1, "{", "}")
                     word.append(text[i : close + 1])
                     i = close + 1
+                    expands = True
                 elif d == "`":
                     close = text.find("`", i + 1)
                     close = n if close < 0 else close
                     subs.append(text[i + 1 : close])
                     word.append(text[i : close + 1])
                     i = close + 1
+                    expands = True
                 else:
+                    expands = expands or (d == "$" and _PARAMETER.match(text, i + 1) is not None)
                     word.append(d)
                     i += 1
             i += 1
@@ -579,11 +631,13 @@ def _tokenize(text: str) -> list[_Word | _Operator]:
             begin().append(text[i : close + 1])
             subs.append(text[i + 2 : close])
             i = close + 1
+            expands = True
             continue
         if c == "$" and text.startswith("${", i):
             close = _matching_close(text, i + 1, "{", "}")
             begin().append(text[i : close + 1])
             i = close + 1
+            expands = True
             continue
         if c == "`":
             close = text.find("`", i + 1)
@@ -591,12 +645,14 @@ def _tokenize(text: str) -> list[_Word | _Operator]:
             begin().append(text[i : close + 1])
             subs.append(text[i + 1 : close])
             i = close + 1
+            expands = True
             continue
         if c in "<>" and text.startswith("(", i + 1):
             close = _matching_close(text, i + 1)
             begin().append(text[i : close + 1])
             subs.append(text[i + 2 : close])
             i = close + 1
+            expands = True
             continue
         plain = _PLAIN_RUN.match(text, i)
         if plain is not None:
@@ -614,6 +670,7 @@ def _tokenize(text: str) -> list[_Word | _Operator]:
             tokens.append(_Operator(operator, i))
             i += len(operator)
             continue
+        expands = expands or (c == "$" and _PARAMETER.match(text, i + 1) is not None)
         begin().append(c)
         i += 1
     flush(n)
@@ -662,63 +719,88 @@ def _parse(text: str) -> list[list[_SimpleCommand]]:
 
 
 def _normalise_path(word: str) -> str:
-    if "/" not in word and word not in (".", ".."):
+    """A path argument with ``.``, ``..`` and repeated slashes resolved lexically.
+
+    A path that starts at ``~`` or a variable keeps that start: ``~/a/../..`` is ``~/..``
+    (``..`` never climbs over a directory whose depth the text does not show). URLs and
+    words without a slash come back as they are.
+    """
+    if ("/" not in word and word not in (".", "..")) or "://" in word:
         return word
     glob = word.endswith("/*")
-    path = posixpath.normpath(word[:-2] if glob else word)
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
+    body = word[:-2] if glob else word
+    if body.startswith(("~", "$")):
+        head, _, rest = body.partition("/")
+        tail = posixpath.normpath(rest) if rest else "."
+        path = head if tail == "." else f"{head}/{tail}"
+    else:
+        path = posixpath.normpath(body)
+        if path.startswith("//"):
+            path = "/" + path.lstrip("/")
     if glob:
         path = "/*" if path == "/" else path + "/*"
     return "*" if path == "./*" else path
 
 
-def _skip_options(args: list[str], i: int, takes_value: frozenset[str]) -> int:
-    """Index of the first argument after the options starting at ``i``."""
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            return i + 1
-        if not arg.startswith("-") or arg == "-":
-            return i
-        i += 2 if arg in takes_value else 1
-    return i
+# Word splitting on $IFS (``rm${IFS}-rf${IFS}/`` is three words): any expansion of IFS,
+# ${IFS:0:1} and ${IFS%?} included, reads as a word break.
+_IFS = re.compile(r"\$\{IFS(?:[^}A-Za-z0-9_][^}]*)?\}|\$IFS(?![A-Za-z0-9_])")
+MAX_BRACE_WORDS = 256  # a brace expansion reads as at most this many words
+_MAX_BRACE_INPUT = 4_096  # longer words are not brace-expanded (left as one word)
 
 
-def _unwrap(args: list[str]) -> list[str]:
-    """The command a wrapper chain runs: ``sudo env X=1 nice rm -rf /`` -> ``rm -rf /``."""
-    i = 0
-    while i < len(args):
-        word = args[i]
-        name = posixpath.basename(word)
-        if word in _KEYWORDS or _ASSIGNMENT.match(word):
+def _brace_expand(word: str) -> list[str]:
+    """``word`` brace-expanded as bash does for ``{a,b}`` lists (not ``{1..3}``), at most
+    :data:`MAX_BRACE_WORDS` words; ``${...}`` is a parameter, not a list."""
+    if "{" not in word or "," not in word or len(word) > _MAX_BRACE_INPUT:
+        return [word]
+    i, n = 0, len(word)
+    while i < n:
+        if word[i] != "{":
             i += 1
-        elif name == "env":
+            continue
+        if i > 0 and word[i - 1] == "$":
+            i = _matching_close(word, i, "{", "}") + 1
+            continue
+        depth, commas, j = 0, [], i
+        while j < n:
+            if word[j] == "{":
+                depth += 1
+            elif word[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            elif word[j] == "," and depth == 1:
+                commas.append(j)
+            j += 1
+        if j >= n or not commas:
             i += 1
-            while i < len(args):
-                arg = args[i]
-                if arg in ("-S", "--split-string") and i + 1 < len(args):
-                    args = args[: i + 1] + args[i + 1].split() + args[i + 2 :]
-                    i += 1
-                elif arg.startswith("--split-string="):
-                    args = args[:i] + arg.partition("=")[2].split() + args[i + 1 :]
-                elif arg == "--":
-                    i += 1
-                    break
-                elif arg in _ENV_VALUE_OPTIONS:
-                    i += 2
-                elif (arg.startswith("-") and arg != "-") or _ASSIGNMENT.match(arg):
-                    i += 1
-                else:
-                    break
-        elif name == "command" and i + 1 < len(args) and args[i + 1] in ("-v", "-V"):
-            return []  # only looks the name up
-        elif name in _WRAPPERS:
-            takes_value, positional = _WRAPPERS[name]
-            i = _skip_options(args, i + 1, takes_value) + positional
-        else:
-            break
-    return args[i:]
+            continue
+        tails = _brace_expand(word[j + 1 :])
+        words: list[str] = []
+        for left, right in itertools.pairwise([i, *commas, j]):
+            for middle in _brace_expand(word[left + 1 : right]):
+                for tail in tails:
+                    words.append(word[:i] + middle + tail)
+                    if len(words) >= MAX_BRACE_WORDS:
+                        return words
+        return words
+    return [word]
+
+
+def _expand_words(words: Sequence[_Word]) -> list[tuple[str, bool]]:
+    """The words the shell would pass after brace expansion and $IFS splitting, each
+    with whether it still holds an expansion the text does not show."""
+    expanded: list[tuple[str, bool]] = []
+    for word in words:
+        for braced in _brace_expand(word.text):
+            if word.expands and ("IFS" in braced):
+                for piece in _IFS.split(braced):
+                    if piece:
+                        expanded.append((piece, "$" in piece or "`" in piece))
+            else:
+                expanded.append((braced, word.expands))
+    return expanded
 
 
 @dataclass(slots=True)
@@ -739,13 +821,18 @@ class _Invocation:
 
 
 def _invocation(words: list[str]) -> _Invocation | None:
-    argv = _unwrap(words)
+    argv = unwrap(words)
     if not argv:
         return None
     program, raw = argv[0], argv[1:]
     if program.startswith("/etc/init.d/"):
         program, raw = "service", [posixpath.basename(program), *raw]
-    return _Invocation(posixpath.basename(program), [_normalise_path(a) for a in raw], raw)
+    name = posixpath.basename(program)
+    longs = _LONG_OPTIONS.get(name)
+    if longs:
+        end = raw.index("--") if "--" in raw else len(raw)
+        raw = [expand_long_option(a, longs) for a in raw[:end]] + raw[end:]
+    return _Invocation(name, [_normalise_path(a) for a in raw], raw)
 
 
 def _shell_code(invocation: _Invocation) -> tuple[str | None, bool]:
@@ -791,7 +878,7 @@ def _nested_code(invocation: _Invocation) -> list[str]:
     if program == "eval":
         return [" ".join(args)] if args else []
     if program == "watch":
-        rest = args[_skip_options(args, 0, _WATCH_VALUE_OPTIONS) :]
+        rest = args[read_options(args, 0, _WATCH).end :]
         return [" ".join(rest)] if rest else []
     if program == "ssh":
         i = 0
@@ -810,20 +897,14 @@ def _nested_code(invocation: _Invocation) -> list[str]:
                 if arg in ("-exec", "-execdir", "-ok", "-okdir"):
                     current = []
             elif arg in (";", "+"):
-                found.append(" ".join(_shell_quote(a) for a in current))
+                found.append(" ".join(shell_quote(a) for a in current))
                 current = None
             else:
                 current.append(arg)
         if current:
-            found.append(" ".join(_shell_quote(a) for a in current))
+            found.append(" ".join(shell_quote(a) for a in current))
         return found
     return []
-
-
-def _shell_quote(word: str) -> str:
-    if word and re.fullmatch(r"[\w@%+=:,./~{}*$-]+", word):
-        return word
-    return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
 def _echoed_text(invocation: _Invocation) -> str | None:
@@ -894,7 +975,8 @@ class _Detector:
         for _, target in command.redirects:
             for sub in target.substitutions:
                 self.run(sub, depth + 1)
-        invocation = _invocation([word.text for word in command.words])
+        words = _expand_words(command.words)
+        invocation = _invocation([text for text, _ in words])
         program = invocation.program if invocation else ""
         command_patterns, text_patterns = self.for_program(program)
         for pattern in text_patterns:
