@@ -424,3 +424,61 @@ def test_brace_expansion_is_bounded() -> None:
     assert detect_dangerous("echo " + "{a,b}" * 40) == []
     assert detect_dangerous("echo " + "{" * 5000 + "a,b" + "}" * 5000) == []
     assert time.perf_counter() - started < 5
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rm -rf /tmp/x /",  # a second operand the regex's .* swallowed
+        "rm -rf /tmp/../",  # .. resolved: this is rm -rf /
+        "rm -rf /tmp/x/../../",
+        "rm -rf /tmp/x $HOME",  # an unexpanded variable
+        "rm -rf /tmp/* /tmp/$X",
+        'rm -rf /tmp/* "/tmp/$(echo ..)"',
+        "rm -rf /tmp/* etc",  # a bare relative operand
+        "rm -rf /tmp/* -- /",
+        "rm -rf /tmp/* ~",
+        "rm${IFS}-rf${IFS}/tmp/x${IFS}/",
+        "{rm,-rf,/tmp/x,/}",
+        "sudo rm -rf /tmp/x /",
+    ],
+)
+async def test_allowlist_regex_does_not_stretch_over_other_operands(command: str) -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:(sudo )?rm -rf /tmp/.*"])
+    assert await policy.check(command) is not None
+
+
+@pytest.mark.anyio
+async def test_allowlist_regex_matches_each_normalised_operand() -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:rm -rf /tmp/.*", r"re:chmod -R 777 /srv/(a|b)/.*"])
+    assert await policy.check("rm -rf /tmp/*") is None
+    assert await policy.check("rm  -rf '/tmp/*'") is None  # quotes removed
+    assert await policy.check("rm -rf /tmp/* /tmp/y/../z") is None  # each operand fits
+    assert await policy.check("rm -rf /tmp/* && rm -rf /tmp/x/../*") is None
+    assert await policy.check("chmod -R 777 /srv/a/* /srv/b/..//b/*") is None
+    assert await policy.check("chmod -R 777 /srv/a/* /srv/c/..") is not None  # /srv
+    assert await policy.check("chmod -R 777 /srv/a/* /") is not None
+    # several entries may share the operands out
+    both = ApprovalPolicy(allowlist=[r"re:rm -rf /tmp/.*", r"re:rm -rf /var/tmp/.*"])
+    assert await both.check("rm -rf /tmp/* /var/tmp/*") is None
+    assert await both.check("rm -rf /tmp/* /var/*") is not None
+
+
+@pytest.mark.anyio
+async def test_allowlist_regex_never_allows_what_the_text_does_not_show() -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:.*"])
+    assert await policy.check("rm -rf $HOME") is not None
+    assert await policy.check("rm -rf `pwd`/..") is not None
+    assert await policy.check("reboot") is None
+    exact = ApprovalPolicy(allowlist=["rm -rf $HOME"])  # an exact entry still can
+    assert await exact.check("rm  -rf $HOME") is None
+
+
+@pytest.mark.anyio
+async def test_allowlist_regex_for_a_redirect_matches_each_target() -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:echo .* > /etc/motd"])
+    assert await policy.check("echo hello > /etc/motd") is None
+    assert await policy.check("echo hello > /etc/x/../motd") is None
+    assert await policy.check("echo hello > /etc/motd > /etc/shadow") is not None
+    assert await policy.check("echo hello > /etc/../etc/shadow") is not None

@@ -97,12 +97,15 @@ class Finding:
     """A pattern that matched: its key and reason, and the text it matched in.
 
     ``unit`` is the normalised source of the simple command, pipeline or whole command
-    the pattern matched; allowlist entries are tested against it.
+    the pattern matched; exact allowlist entries are compared with it. ``forms`` are what
+    ``re:`` entries must all match (see :func:`_command_forms`); empty when no regex may
+    allow the finding (an expansion the text does not show, or too many forms).
     """
 
     key: str
     reason: str
     unit: str
+    forms: tuple[str, ...] = ()
 
 
 def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
@@ -810,6 +813,7 @@ class _Invocation:
     program: str
     args: list[str]  # normalised
     raw_args: list[str]  # as the shell passes them (quotes removed)
+    at: int | None = None  # index of the program among the words; None if a shell runs it
 
     @property
     def args_text(self) -> str:
@@ -824,6 +828,9 @@ def _invocation(words: list[str]) -> _Invocation | None:
     argv = unwrap(words)
     if not argv:
         return None
+    at: int | None = len(words) - len(argv)
+    if words[at:] != argv:
+        at = None  # env -S or a wrapper's -c made the words the program sees
     program, raw = argv[0], argv[1:]
     if program.startswith("/etc/init.d/"):
         program, raw = "service", [posixpath.basename(program), *raw]
@@ -832,7 +839,79 @@ def _invocation(words: list[str]) -> _Invocation | None:
     if longs:
         end = raw.index("--") if "--" in raw else len(raw)
         raw = [expand_long_option(a, longs) for a in raw[:end]] + raw[end:]
-    return _Invocation(name, [_normalise_path(a) for a in raw], raw)
+    return _Invocation(name, [_normalise_path(a) for a in raw], raw, at)
+
+
+# -- the forms an allowlist regex must match ------------------------------------------
+
+MAX_ALLOWLIST_FORMS = 64  # a command read as more forms than this is left to a human
+# Programs whose operands are all paths after the first N (chmod's mode, chown's owner).
+_PATH_OPERANDS = {
+    **dict.fromkeys(
+        [
+            "rm",
+            "rmdir",
+            "unlink",
+            "shred",
+            "tee",
+            "cp",
+            "mv",
+            "ln",
+            "install",
+            "truncate",
+            "touch",
+            "mkdir",
+            "rsync",
+        ],
+        0,
+    ),
+    **dict.fromkeys(("chmod", "chown", "chgrp"), 1),
+}
+_GLOB = re.compile(r"[*?[]")
+
+
+def _is_path(word: str) -> bool:
+    return "/" in word or word.startswith("~") or word in (".", "..") or bool(_GLOB.search(word))
+
+
+def _command_forms(
+    words: Sequence[tuple[str, bool]], invocation: _Invocation | None
+) -> list[str] | None:
+    """The forms of one simple command that a ``re:`` entry must all match, or None when
+    a word holds an expansion whose value the text does not show.
+
+    Each word is normalised (quotes removed, paths resolved lexically). Each path operand
+    of the program gets a form of its own, with the other path operands left out, so a
+    regex's ``.*`` can never stretch over a second path: ``rm -rf /tmp/x /`` reads as
+    ``rm -rf /tmp/x`` and ``rm -rf /``.
+    """
+    if any(expands for _, expands in words):
+        return None
+    rendered = [_normalise_path(text) for text, _ in words]
+    at = invocation.at if invocation is not None and invocation.at is not None else 0
+    leading = _PATH_OPERANDS.get(invocation.program if invocation else "")
+    paths: list[int] = []
+    options = True
+    operand = 0
+    for index in range(at + 1, len(rendered)):
+        word = rendered[index]
+        if options and word == "--":
+            options = False
+            continue
+        if options and word.startswith("-") and word != "-":
+            continue
+        if (leading is not None and operand >= leading) or _is_path(word):
+            paths.append(index)
+        operand += 1
+    if len(paths) <= 1:
+        return [" ".join(rendered)]
+    if len(paths) > MAX_ALLOWLIST_FORMS:
+        return None
+    others = set(paths)
+    return [
+        " ".join(w for i, w in enumerate(rendered) if i not in others or i == keep)
+        for keep in paths
+    ]
 
 
 def _shell_code(invocation: _Invocation) -> tuple[str | None, bool]:
@@ -907,6 +986,20 @@ def _nested_code(invocation: _Invocation) -> list[str]:
     return []
 
 
+def _pipeline_forms(pipeline: list[_SimpleCommand]) -> list[str] | None:
+    """Each combination of its stages' forms, joined by `` | ``; None if a stage has none."""
+    combined = [""]
+    for command in pipeline:
+        words = _expand_words(command.words)
+        stage = _command_forms(words, _invocation([text for text, _ in words]))
+        if stage is None or len(combined) * len(stage) > MAX_ALLOWLIST_FORMS:
+            return None
+        combined = [
+            f"{before} | {form}" if before else form for before in combined for form in stage
+        ]
+    return combined
+
+
 def _echoed_text(invocation: _Invocation) -> str | None:
     """What ``echo``/``printf`` writes, roughly, or None for other programs."""
     if invocation.program == "echo":
@@ -927,10 +1020,27 @@ class _Detector:
         for pattern in patterns:
             self.by_scope.setdefault(pattern.scope, []).append(pattern)
         self._for_program: dict[str, tuple[list[DangerousPattern], list[DangerousPattern]]] = {}
-        self.findings: dict[tuple[str, str], Finding] = {}
+        # (key, unit) -> (reason, forms so far; None once no regex may allow it)
+        self.found: dict[tuple[str, str], tuple[str, list[str] | None]] = {}
 
-    def add(self, pattern: DangerousPattern, unit: str) -> None:
-        self.findings.setdefault((pattern.key, unit), Finding(pattern.key, pattern.reason, unit))
+    def add(self, key: str, reason: str, unit: str, forms: list[str] | None) -> None:
+        """Record a finding; the same (key, unit) found again adds its forms."""
+        known = self.found.get((key, unit))
+        if known is not None:
+            before = known[1]
+            if before is None or forms is None:
+                forms = None
+            else:
+                forms = before + [f for f in forms if f not in before]
+        if forms is not None and len(forms) > MAX_ALLOWLIST_FORMS:
+            forms = None
+        self.found[(key, unit)] = (reason, forms)
+
+    def findings(self) -> list[Finding]:
+        return [
+            Finding(key, reason, unit, tuple(forms or ()))
+            for (key, unit), (reason, forms) in self.found.items()
+        ]
 
     def for_program(self, program: str) -> tuple[list[DangerousPattern], list[DangerousPattern]]:
         """The command-scope and text-scope patterns that apply to ``program``."""
@@ -951,17 +1061,18 @@ class _Detector:
 
     def run(self, text: str, depth: int = 0) -> None:
         if depth > MAX_NESTING:
-            self.findings[("too-complex", text)] = Finding(
+            self.add(
                 "too-complex",
                 f"nests shell code more than {MAX_NESTING} levels deep, too deep to check",
                 normalise_command(text),
+                None,
             )
             return
         if depth == 0:
             whole = normalise_command(text)
             for pattern in self.by_scope.get("script", ()):
                 if pattern.regex.search(whole):
-                    self.add(pattern, whole)
+                    self.add(pattern.key, pattern.reason, whole, [whole])
         for pipeline in _parse(text):
             invocations = [self.simple(text, command, depth) for command in pipeline]
             if len(pipeline) > 1:
@@ -979,19 +1090,31 @@ class _Detector:
         invocation = _invocation([text for text, _ in words])
         program = invocation.program if invocation else ""
         command_patterns, text_patterns = self.for_program(program)
+        cache: list[list[str] | None] = []  # the command's forms, once first needed
+
+        def forms() -> list[str] | None:
+            if not cache:
+                cache.append(_command_forms(words, invocation))
+            return cache[0]
+
         for pattern in text_patterns:
             if pattern.regex.search(unit):
-                self.add(pattern, unit)
+                self.add(pattern.key, pattern.reason, unit, forms())
         if invocation is not None:
             args_text = invocation.args_text
             for pattern in command_patterns:
                 if pattern.regex.search(args_text):
-                    self.add(pattern, unit)
+                    self.add(pattern.key, pattern.reason, unit, forms())
         for operator, target in command.redirects:
-            rendered = f"{program} {operator} {_normalise_path(target.text)}"
+            path = _normalise_path(target.text)
+            rendered = f"{program} {operator} {path}"
             for pattern in self.by_scope.get("redirect", ()):
                 if pattern.regex.search(rendered):
-                    self.add(pattern, unit)
+                    found = None if target.expands else forms()
+                    with_target = (
+                        None if found is None else [f"{f} {operator} {path}" for f in found]
+                    )
+                    self.add(pattern.key, pattern.reason, unit, with_target)
         if invocation is None:
             return None
         for code in _nested_code(invocation):
@@ -1013,7 +1136,7 @@ class _Detector:
         rendered = " | ".join(inv.text if inv else "" for inv in invocations)
         for pattern in self.by_scope.get("pipeline", ()):
             if pattern.regex.search(rendered):
-                self.add(pattern, unit)
+                self.add(pattern.key, pattern.reason, unit, _pipeline_forms(pipeline))
         for before, after in itertools.pairwise(invocations):
             if before is None or after is None or not _SHELL_NAMES.fullmatch(after.program):
                 continue
@@ -1040,7 +1163,7 @@ def detect_dangerous(
         ]
     detector = _Detector(patterns)
     detector.run(command)
-    return list(detector.findings.values())
+    return detector.findings()
 
 
 # -- the policy ----------------------------------------------------------------------
@@ -1102,10 +1225,15 @@ class ApprovalPolicy:
     with each flagged part of it (the simple command, or for a pipe pattern the pipeline,
     as written, wrappers included): ``systemctl restart nginx`` allows that command alone
     and in ``cd /srv && systemctl restart nginx``, but not ``sudo systemctl restart
-    nginx``. An entry starting with ``re:`` is a regex that must match a flagged part in
-    full, e.g. ``re:(sudo )?systemctl restart (nginx|redis)``; it is never matched against
-    the whole chain, so ``re:rm -rf /tmp/.*`` cannot allow ``rm -rf /tmp/x; rm -rf /``. A
-    command runs when each of its findings is allowed by an entry or an earlier approval.
+    nginx``. An entry starting with ``re:`` is a regex that must match, in full, every
+    normalised form of a flagged part (:attr:`Finding.forms`): its words with quotes
+    removed, braces and ``$IFS`` expanded and paths resolved lexically (``/tmp/../`` is
+    ``/``), one form per path operand with the other path operands left out. So
+    ``re:rm -rf /tmp/.*`` allows ``rm -rf /tmp/a /tmp/b`` but not ``rm -rf /tmp/x /``,
+    ``rm -rf /tmp/../`` or ``rm -rf /tmp/x; rm -rf /``; and no regex allows a command
+    whose words hold ``$VAR``, ``$(...)`` or backticks (the text does not show what they
+    are): only an exact entry or a human can. A command runs when each of its findings is
+    allowed by an entry or an earlier approval.
 
     Session approvals are keyed by (pattern key, normalised whole command): approving
     ``rm -rf ~/old`` for the session allows that exact command again, not every
@@ -1181,7 +1309,13 @@ class ApprovalPolicy:
                 return True
             if normalised in self._exact or finding.unit in self._exact:
                 return True
-            return any(regex.fullmatch(finding.unit) for regex in self._regexes)
+            regexes = list(self._regexes)
+        # every form must fit some entry: one path operand per form, see _command_forms
+        return (
+            bool(regexes)
+            and bool(finding.forms)
+            and all(any(regex.fullmatch(form) for regex in regexes) for form in finding.forms)
+        )
 
     async def check(self, command: str) -> str | None:
         """None if ``command`` may run, else the refusal message for the script.
