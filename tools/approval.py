@@ -63,6 +63,11 @@ from typing import Literal
 
 import anyio.to_thread
 
+from hermes_sandbox.tools.protected_paths import (
+    HOME_DIRS,
+    PROTECTED_HOME_ENTRIES,
+    PROTECTED_SYSTEM_DIRS,
+)
 from hermes_sandbox.tools.wrappers import (
     Wrapper,
     expand_long_option,
@@ -174,6 +179,25 @@ def _script(key: str, regex: str, reason: str) -> DangerousPattern:
 
 _DELETES = r"(?:-delete|-exec(?:dir)? (?:\S*/)?rm)\b"
 
+
+def _protected_paths() -> str:
+    """A regex for a path write_file refuses (tools/protected_paths.py, one list for both):
+    an entry of a home (``~/.ssh``, ``$HOME/.bashrc``, ``/root/.netrc``...) or a system
+    directory. /etc and /dev are left to their own patterns (block devices only: writing
+    to /dev/null is routine)."""
+    home_dirs = [re.escape(d).replace(r"\*", "[^/ ]+") for d in HOME_DIRS]
+    homes = "|".join([r"~[\w.-]*", r"\$HOME", r"\$\{HOME\}", *home_dirs])
+    entries = "|".join(re.escape(e) for e in PROTECTED_HOME_ENTRIES)
+    systems = "|".join(re.escape(d) for d in PROTECTED_SYSTEM_DIRS if d not in ("/etc", "/dev"))
+    return rf"(?:(?:{homes})/(?:{entries})|{systems})(?:/\S*)?"
+
+
+_PROTECTED = _protected_paths()
+_WRITES_PROTECTED = (
+    "writes to a file that holds credentials or shell start-up code, or into a protected "
+    "system directory (the file tools refuse the same paths)"
+)
+
 DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
     # -- deleting ---------------------------------------------------------------------
     _command(
@@ -280,6 +304,23 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
         "",
         "changes system accounts or sudo rights",
     ),
+    # -- what write_file refuses, written from the terminal ---------------------------
+    _redirect("protected-redirect", rf"{_WRITE_REDIRECT}{_PROTECTED}$", _WRITES_PROTECTED),
+    _command("protected-tee", "tee|truncate", rf"{_ARG}{_PROTECTED}{_END}", _WRITES_PROTECTED),
+    _command(
+        "protected-copy-into",
+        "cp|install|ln|rsync",
+        rf"{_ARG}(?:-t ?|--target-directory[= ]){_PROTECTED}{_END}|{_ARG}{_PROTECTED}$",
+        _WRITES_PROTECTED,
+    ),
+    _command("protected-move", "mv", rf"{_ARG}{_PROTECTED}{_END}", _WRITES_PROTECTED),
+    _command(
+        "protected-edit-in-place",
+        "sed|perl",
+        rf"^{_has(_IN_PLACE)}.*{_ARG}{_PROTECTED}{_END}",
+        _WRITES_PROTECTED,
+    ),
+    _command("protected-dd", "dd", rf"{_ARG}of={_PROTECTED}{_END}", _WRITES_PROTECTED),
     _command(
         "crontab-remove",
         "crontab",

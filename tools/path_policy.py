@@ -8,7 +8,9 @@ would create ``/etc/x``). The checks then look at the real path:
 
 - with a workspace root (``ctx.workspace_root``), reads and writes must stay inside it;
 - writes are always refused under the protected paths of :data:`PROTECTED_SYSTEM_DIRS`
-  and :data:`PROTECTED_HOME_ENTRIES`, to a container engine's socket, and to anything that
+  and :data:`PROTECTED_HOME_ENTRIES` (:mod:`~hermes_sandbox.tools.protected_paths`, the
+  list the terminal's approval check flags writes to as well), to a container engine's
+  socket, and to anything that
   is not a regular file (a FIFO would block the write forever, a device would take it).
 
 The tools should then act on :attr:`ResolvedPath.path`, the path that was checked, not
@@ -30,81 +32,16 @@ from dataclasses import dataclass
 
 from hermes_sandbox.environments.base import Environment, FileStat
 from hermes_sandbox.errors import PathRefused
+from hermes_sandbox.tools.protected_paths import (
+    ENGINE_SOCKET_SUFFIXES,
+    ENGINE_SOCKETS,
+    HOME_DIRS,
+    PROTECTED_HOME_ENTRIES,
+    PROTECTED_SYSTEM_DIRS,
+)
 from hermes_sandbox.tools.registry import ToolContext
 
 MAX_SYMLINK_HOPS = 40  # as Linux: a longer chain of dangling symlinks resolves no further
-
-# Never written by the file tools: the system's programs, libraries, configuration,
-# boot files, kernel interfaces and package databases.
-PROTECTED_SYSTEM_DIRS: tuple[str, ...] = (
-    "/etc",
-    "/boot",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/proc",
-    "/sys",
-    "/dev",
-    "/var/lib/dpkg",
-    "/var/lib/apt",
-    "/var/lib/rpm",
-    "/var/lib/dnf",
-    "/var/lib/yum",
-    "/var/lib/pacman",
-    "/var/lib/docker",
-    "/var/lib/containers",
-    "/var/lib/containerd",
-    "/var/spool/cron",
-    "/var/log",
-)
-
-# Never written below a home directory: credentials and keys, the shell's start-up
-# files (code there runs in every later shell) and this project's own configuration.
-PROTECTED_HOME_ENTRIES: tuple[str, ...] = (
-    ".ssh",
-    ".gnupg",
-    ".aws",
-    ".azure",
-    ".kube",
-    ".docker",
-    ".config/gcloud",
-    ".config/gh",
-    ".config/hermes-sandbox",
-    ".config/systemd",
-    ".config/autostart",
-    ".local/share/keyrings",
-    ".password-store",
-    ".netrc",
-    ".pgpass",
-    ".git-credentials",
-    ".npmrc",
-    ".pypirc",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".bash_logout",
-    ".profile",
-    ".zshrc",
-    ".zshenv",
-    ".zprofile",
-    ".zlogin",
-)
-
-# Home directories, as patterns of path components: "*" is any one component.
-HOME_DIRS: tuple[str, ...] = ("/root", "/home/*", "/Users/*")
-
-# A container engine's socket gives root on the host to whoever can write to it.
-ENGINE_SOCKETS: tuple[str, ...] = (
-    "/var/run/docker.sock",
-    "/run/docker.sock",
-    "/run/podman/podman.sock",
-    "/run/containerd/containerd.sock",
-)
-ENGINE_SOCKET_SUFFIXES: tuple[str, ...] = ("docker.sock", "podman.sock", "containerd.sock")
 
 _NOT_REGULAR = {
     "char_device": "a character device",
