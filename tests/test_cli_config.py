@@ -32,7 +32,8 @@ WEB_VARS = (
 # Flagged by the approval table (it carries SQL DROP text) but harmless: it only appends
 # a line to ran.log in the current directory, so each run of it is counted.
 FLAGGED = r"printf '%s\n' 'DROP TABLE a' >> ran.log"
-FLAGGED_REGEX = r"re:printf '%s\\n' 'DROP TABLE \w+' >> ran\.log"
+# a regex sees the normalised words (quotes removed), not the text as written
+FLAGGED_REGEX = r"re:printf %s\\n DROP TABLE \w+"
 PROMPT = "Allow it? [o]nce, [s]ession, [a]lways, [N]o:"
 
 TERMINAL_TWICE = f"""\

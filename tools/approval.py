@@ -1,55 +1,33 @@
 """Dangerous-command detection for the terminal tool, and the policy that asks a human.
 
-:func:`detect_dangerous` reads a shell command the way a shell would (quotes, escapes,
-``;``/``&&``/``||``/``|``/``&`` chains, ``$(...)``, backticks, process substitution) and
-checks it against :data:`DANGEROUS_PATTERNS`, a table of regexes that each carry a short
-reason. :class:`ApprovalPolicy` turns the findings into a decision: allowed by the
-permanent allowlist, approved earlier in the session, or put to the host's approval
-callback; with no callback a dangerous command is refused.
+:func:`detect_dangerous` reads a shell command the way a shell would and checks it against
+:data:`DANGEROUS_PATTERNS`, a table of regexes that each carry a short reason.
+:class:`ApprovalPolicy` turns the findings into a decision: allowed by the permanent
+allowlist, approved earlier in the session, or put to the host's approval callback; with
+no callback a dangerous command is refused. docs/security.md ("Approval") has the whole
+account; in short:
 
-How a command is read
----------------------
-- Backslash-newlines are joined and whitespace is collapsed.
-- Every simple command of every chain is checked on its own, after stripping what only
-  wraps it: ``sudo``/``doas``/``pkexec`` and their options, ``env`` with its options and
-  ``X=Y`` assignments, leading ``X=Y``, ``command``, ``exec``, ``nohup``, ``nice``,
-  ``timeout DURATION``, ``xargs``, ``busybox`` and shell keywords (``then``, ``do``,
-  ``!``, ``{``...). The program is compared by its base name (``/bin/rm`` is ``rm``,
-  ``\\rm`` and ``'rm'`` are ``rm``); ``/etc/init.d/X stop`` reads as ``service X stop``.
-- Path arguments are normalised (``/tmp/../`` is ``/``, ``./`` is ``.``, ``~/`` is ``~``).
-- Nested code is checked too: the string of ``sh -c``/``bash -c``/``su -c``, ``eval``,
-  ``watch`` and ``ssh HOST CMD``, each ``$(...)``, backtick and ``<(...)``, the command of
-  ``find -exec``, and text piped into a shell by ``echo``/``printf`` or given to it with
-  ``<<<``. Here-document bodies are read as commands (``bash <<EOF`` runs them), which can
-  flag an innocent body.
-- Arguments are data: ``echo "rm -rf /"`` and ``grep 'DROP TABLE' schema.sql`` pass,
-  since neither runs what it names. SQL is the exception, because it travels as text to a
-  client (``psql -c "DROP TABLE t"``, ``echo 'DROP TABLE t' | sqlite3``): SQL patterns match
-  the text of any command except the search tools (grep, rg, ag, ack, git). Fork bombs are
-  matched anywhere in the command text.
-- Not analysed: code handed to other interpreters (``python -c``, ``perl -e``, ``node -e``),
-  variables whose value is not in the command (``rm -rf "$DIR"/``), scripts downloaded to a
-  file and run later. This is a net for accidents and obvious mistakes, not a sandbox.
-
-Scopes of a pattern
--------------------
-``command``
-    the regex is searched in the arguments of a simple command (normalised, joined by one
-    space) whose program's base name fully matches ``programs``.
-``redirect``
-    searched in ``"PROGRAM OP TARGET"`` for each redirection (``" > /etc/x"`` when the
-    command is a bare redirection).
-``pipeline``
-    searched in the stages of a pipeline, each ``"PROGRAM ARGS"``, joined by ``" | "``.
-``text``
-    searched in the source text of each simple command, quotes kept.
-``script``
-    searched in the whole command, normalised.
+- Each simple command of each chain is read with quotes removed, ``{a,b}`` lists and
+  ``$IFS`` expanded into words, abbreviated long options spelled out (``--recur`` is
+  ``--recursive``, as GNU getopt reads it), and wrappers looked through by their own
+  options (sudo, env, nice, timeout, xargs, flock, strace, unshare, setpriv, systemd-run,
+  chrt...: :mod:`~hermes_sandbox.tools.wrappers`). Nested code is read too: ``sh -c``,
+  ``eval``, ``ssh HOST CMD``, ``script -c``, ``parallel``, ``$(...)``, ``find -exec``,
+  text piped into a shell.
+- Path arguments are resolved lexically (``/tmp/../`` is ``/``); writes to the paths that
+  write_file refuses (:mod:`~hermes_sandbox.tools.protected_paths`) are flagged.
+- Arguments are data (``echo "rm -rf /"`` passes), except SQL text and fork bombs.
+- Not analysed: code given to other interpreters (``python -c``), values of variables
+  (``rm -rf "$DIR"/``), relative paths against an unknown working directory, scripts
+  downloaded and run later. A net for accidents, not a sandbox.
+- An allowlist ``re:`` entry must match, in full, every normalised form of a flagged
+  command: one form per path operand (:func:`_command_forms`), so ``re:rm -rf /tmp/.*``
+  does not allow ``rm -rf /tmp/x /``; no regex allows a command holding ``$VAR``,
+  ``$(...)`` or backticks. Exact entries are compared with the whitespace-collapsed text.
 """
 
 from __future__ import annotations
 
-import codecs
 import inspect
 import itertools
 import logging
@@ -57,7 +35,7 @@ import posixpath
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
@@ -68,7 +46,15 @@ from hermes_sandbox.tools.protected_paths import (
     PROTECTED_HOME_ENTRIES,
     PROTECTED_SYSTEM_DIRS,
 )
+from hermes_sandbox.tools.shell_words import (
+    SimpleCommand,
+    expand_words,
+    normalise_command,
+    normalise_path,
+    parse,
+)
 from hermes_sandbox.tools.wrappers import (
+    LONG_OPTIONS,
     Wrapper,
     expand_long_option,
     read_options,
@@ -87,7 +73,14 @@ ALLOWLIST_REGEX_PREFIX = "re:"
 
 @dataclass(frozen=True, slots=True)
 class DangerousPattern:
-    """One row of the table: what to look for, where, and why it is dangerous."""
+    """One row of the table: what to look for, where, and why it is dangerous.
+
+    Where (``scope``): ``command`` searches the arguments of a simple command (normalised,
+    joined by one space) whose program's base name fully matches ``programs``;
+    ``redirect`` searches ``"PROGRAM OP TARGET"`` for each redirection; ``pipeline`` the
+    stages of a pipeline, each ``"PROGRAM ARGS"``, joined by ``" | "``; ``text`` the source
+    text of each simple command, quotes kept; ``script`` the whole command, normalised.
+    """
 
     key: str
     reason: str
@@ -420,431 +413,11 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
 
 # -- reading a command ---------------------------------------------------------------
 
-_CONTROL_OPERATORS = ("&&", "||", ";;&", ";;", ";&", "|&", ";", "&", "|", "(", ")", "\n")
-_REDIRECTIONS = ("&>>", "&>", "<<<", "<<-", "<<", ">>", ">|", ">&", "<&", "<>", ">", "<")
-_OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
-_OPERATOR_RX = re.compile("|".join(re.escape(op) for op in _OPERATORS))
-_PLAIN_RUN = re.compile(r"[^\s\\'\"$`<>|&;()#]+")  # characters that are only themselves
-_PIPES = ("|", "|&")
-_PARAMETER = re.compile(r"[A-Za-z0-9_@*#?$!-]")  # what may follow "$" in a parameter
 _SHELL_NAMES = re.compile(_SHELLS)
-
-# The long options of the programs the table reads options of, so that an abbreviation
-# reads as the option it is to GNU getopt: "rm --recur /" is "rm --recursive /".
-_CHOWN_LONG = (
-    "--changes --dereference --no-dereference --from --no-preserve-root --preserve-root "
-    "--quiet --silent --reference --recursive --verbose --help --version"
-)
-_COPY_LONG = (
-    "--backup --force --interactive --no-clobber --strip-trailing-slashes --suffix "
-    "--target-directory --no-target-directory --update --verbose --context --debug --help "
-    "--version"
-)
-_LONG_OPTIONS: dict[str, tuple[str, ...]] = {
-    name: tuple(options.split())
-    for names, options in (
-        (
-            "rm",
-            "--force --interactive --one-file-system --no-preserve-root --preserve-root "
-            "--recursive --dir --verbose --help --version",
-        ),
-        (
-            "chmod",
-            "--changes --silent --quiet --verbose --no-preserve-root --preserve-root "
-            "--reference --recursive --help --version",
-        ),
-        ("chown chgrp", _CHOWN_LONG),
-        (
-            "sed",
-            "--quiet --silent --debug --expression --file --follow-symlinks --in-place "
-            "--line-length --null-data --zero-terminated --posix --regexp-extended "
-            "--separate --sandbox --unbuffered --help --version",
-        ),
-        (
-            "cp",
-            _COPY_LONG + " --archive --attributes-only --copy-contents --dereference --link "
-            "--no-dereference --preserve --no-preserve --parents --recursive --reflink "
-            "--remove-destination --sparse --symbolic-link --one-file-system "
-            "--keep-directory-symlink",
-        ),
-        ("mv", _COPY_LONG + " --exchange --no-copy"),
-        (
-            "install",
-            _COPY_LONG + " --compare --directory --group --mode --owner --preserve-timestamps "
-            "--strip --strip-program --preserve-context",
-        ),
-        (
-            "ln",
-            _COPY_LONG + " --directory --logical --no-dereference --physical --relative --symbolic",
-        ),
-        ("tee", "--append --ignore-interrupts --output-error --help --version"),
-        ("truncate", "--no-create --io-blocks --reference --size --help --version"),
-        (
-            "shred",
-            "--force --iterations --random-source --size --remove --verbose --exact --zero "
-            "--help --version",
-        ),
-        (
-            "pkill",
-            "--signal --count --euid --uid --group --parent --ns --nslist --session "
-            "--terminal --full --ignore-case --newest --oldest --older --pidfile "
-            "--logpidfile --runstates --echo --inverse --exact --cgroup --lightweight "
-            "--delimiter --list-name --list-full --require-handler --queue --env --help "
-            "--version",
-        ),
-        (
-            "killall",
-            "--exact --ignore-case --process-group --younger-than --older-than "
-            "--interactive --quiet --regexp --signal --user --verbose --wait --ns --context "
-            "--help --version",
-        ),
-        ("kill", "--signal --list --table --queue --timeout --verbose --help --version"),
-    )
-    for name in names.split()
-}
 
 _SHELL_VALUE_OPTIONS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 _SSH_VALUE_OPTIONS = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
 _WATCH = Wrapper(frozenset({"-n", "--interval", "-q", "--equexit"}))
-
-
-@dataclass(slots=True)
-class _Word:
-    text: str  # after quote removal
-    start: int
-    end: int
-    substitutions: list[str] = field(default_factory=list)
-    expands: bool = False  # holds a $VAR, ${...}, $(...), backtick or <(...) the shell fills in
-
-
-@dataclass(slots=True)
-class _Operator:
-    text: str
-    start: int
-
-
-@dataclass(slots=True)
-class _SimpleCommand:
-    words: list[_Word] = field(default_factory=list)
-    redirects: list[tuple[str, _Word]] = field(default_factory=list)
-    start: int = -1
-    end: int = -1
-
-    def cover(self, start: int, end: int) -> None:
-        self.start = start if self.start < 0 else self.start
-        self.end = end
-
-
-def normalise_command(command: str) -> str:
-    """The command with backslash-newlines joined and whitespace collapsed to one space.
-
-    This is the form allowlist entries and session approvals are compared in.
-    """
-    return " ".join(command.replace("\\\n", "").split())
-
-
-def _matching_close(text: str, open_index: int, opener: str = "(", closer: str = ")") -> int:
-    """Index of the bracket closing the one at ``open_index`` (len(text) if unclosed)."""
-    depth = 0
-    i = open_index
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'" and opener == "(":
-            close = text.find("'", i + 1)
-            i = n if close < 0 else close + 1
-            continue
-        if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            i += 1
-            continue
-        if c == opener:
-            depth += 1
-        elif c == closer:
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return n
-
-
-def _ansi_c(body: str) -> str:
-    try:
-        return codecs.decode(body.encode("latin-1", "backslashreplace"), "unicode_escape")
-    except (UnicodeDecodeError, ValueError):
-        return body
-
-
-def _tokenize(text: str) -> list[_Word | _Operator]:
-    """Split shell text into words (quotes removed) and operators. Lenient: an
-    unterminated quote or bracket runs to the end of the text."""
-    tokens: list[_Word | _Operator] = []
-    n = len(text)
-    i = 0
-    parts: list[str] | None = None
-    subs: list[str] = []
-    start = 0
-    expands = False
-
-    def begin() -> list[str]:
-        nonlocal parts, start
-        if parts is None:
-            parts = []
-            start = i
-        return parts
-
-    def flush(end: int) -> None:
-        nonlocal parts, subs, expands
-        if parts is not None:
-            tokens.append(_Word("".join(parts), start, end, subs, expands))
-        parts = None
-        subs = []
-        expands = False
-
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            if text.startswith("\\\n", i):
-                i += 2
-                continue
-            begin().append(text[i + 1 : i + 2])
-            i += 2
-            continue
-        if c in " \t\r":
-            flush(i)
-            i += 1
-            continue
-        if c == "#" and parts is None:
-            newline = text.find("\n", i)
-            i = n if newline < 0 else newline
-            continue
-        if c == "'":
-            close = text.find("'", i + 1)
-            close = n if close < 0 else close
-            begin().append(text[i + 1 : close])
-            i = close + 1
-            continue
-        if c == '"':
-            word = begin()
-            i += 1
-            while i < n and text[i] != '"':
-                d = text[i]
-                if d == "\\" and i + 1 < n:
-                    nxt = text[i + 1]
-                    if nxt != "\n":
-                        word.append(nxt if nxt in '$`"\\' else "\\" + nxt)
-                    i += 2
-                elif d == "$" and text.startswith("$(", i):
-                    close = _matching_close(text, i + 1)
-                    subs.append(text[i + 2 : close])
-                    word.append(text[i : close + 1])
-                    i = close + 1
-                    expands = True
-                elif d == "$" and text.startswith("${", i):
-                    close = _matching_close(text, i + 1, "{", "}")
-                    word.append(text[i : close + 1])
-                    i = close + 1
-                    expands = True
-                elif d == "`":
-                    close = text.find("`", i + 1)
-                    close = n if close < 0 else close
-                    subs.append(text[i + 1 : close])
-                    word.append(text[i : close + 1])
-                    i = close + 1
-                    expands = True
-                else:
-                    expands = expands or (d == "$" and _PARAMETER.match(text, i + 1) is not None)
-                    word.append(d)
-                    i += 1
-            i += 1
-            continue
-        if c == "$" and text.startswith("$'", i):
-            close = i + 2
-            while close < n and text[close] != "'":
-                close += 2 if text[close] == "\\" else 1
-            begin().append(_ansi_c(text[i + 2 : close]))
-            i = close + 1
-            continue
-        if c == "$" and text.startswith("$(", i):
-            close = _matching_close(text, i + 1)
-            begin().append(text[i : close + 1])
-            subs.append(text[i + 2 : close])
-            i = close + 1
-            expands = True
-            continue
-        if c == "$" and text.startswith("${", i):
-            close = _matching_close(text, i + 1, "{", "}")
-            begin().append(text[i : close + 1])
-            i = close + 1
-            expands = True
-            continue
-        if c == "`":
-            close = text.find("`", i + 1)
-            close = n if close < 0 else close
-            begin().append(text[i : close + 1])
-            subs.append(text[i + 1 : close])
-            i = close + 1
-            expands = True
-            continue
-        if c in "<>" and text.startswith("(", i + 1):
-            close = _matching_close(text, i + 1)
-            begin().append(text[i : close + 1])
-            subs.append(text[i + 2 : close])
-            i = close + 1
-            expands = True
-            continue
-        plain = _PLAIN_RUN.match(text, i)
-        if plain is not None:
-            begin().append(plain.group())
-            i = plain.end()
-            continue
-        found = _OPERATOR_RX.match(text, i)
-        if found is not None:
-            operator = found.group()
-            if operator in _REDIRECTIONS and parts is not None and "".join(parts).isdigit():
-                parts = None  # "2>": the digits name a file descriptor, not a word
-                subs = []
-            else:
-                flush(i)
-            tokens.append(_Operator(operator, i))
-            i += len(operator)
-            continue
-        expands = expands or (c == "$" and _PARAMETER.match(text, i + 1) is not None)
-        begin().append(c)
-        i += 1
-    flush(n)
-    return tokens
-
-
-def _parse(text: str) -> list[list[_SimpleCommand]]:
-    """The pipelines of ``text``, each a list of simple commands."""
-    pipelines: list[list[_SimpleCommand]] = []
-    pipeline: list[_SimpleCommand] = []
-    command = _SimpleCommand()
-    redirect: str | None = None
-
-    def end_command() -> None:
-        nonlocal command
-        if command.words or command.redirects:
-            pipeline.append(command)
-        command = _SimpleCommand()
-
-    def end_pipeline() -> None:
-        nonlocal pipeline
-        end_command()
-        if pipeline:
-            pipelines.append(pipeline)
-        pipeline = []
-
-    for token in _tokenize(text):
-        if isinstance(token, _Word):
-            if redirect is not None:
-                command.redirects.append((redirect, token))
-                redirect = None
-            else:
-                command.words.append(token)
-            command.cover(token.start, token.end)
-        elif token.text in _REDIRECTIONS:
-            redirect = token.text
-            command.cover(token.start, token.start + len(token.text))
-        elif token.text in _PIPES:
-            redirect = None
-            end_command()
-        else:
-            redirect = None
-            end_pipeline()
-    end_pipeline()
-    return pipelines
-
-
-def _normalise_path(word: str) -> str:
-    """A path argument with ``.``, ``..`` and repeated slashes resolved lexically.
-
-    A path that starts at ``~`` or a variable keeps that start: ``~/a/../..`` is ``~/..``
-    (``..`` never climbs over a directory whose depth the text does not show). URLs and
-    words without a slash come back as they are.
-    """
-    if ("/" not in word and word not in (".", "..")) or "://" in word:
-        return word
-    glob = word.endswith("/*")
-    body = word[:-2] if glob else word
-    if body.startswith(("~", "$")):
-        head, _, rest = body.partition("/")
-        tail = posixpath.normpath(rest) if rest else "."
-        path = head if tail == "." else f"{head}/{tail}"
-    else:
-        path = posixpath.normpath(body)
-        if path.startswith("//"):
-            path = "/" + path.lstrip("/")
-    if glob:
-        path = "/*" if path == "/" else path + "/*"
-    return "*" if path == "./*" else path
-
-
-# Word splitting on $IFS (``rm${IFS}-rf${IFS}/`` is three words): any expansion of IFS,
-# ${IFS:0:1} and ${IFS%?} included, reads as a word break.
-_IFS = re.compile(r"\$\{IFS(?:[^}A-Za-z0-9_][^}]*)?\}|\$IFS(?![A-Za-z0-9_])")
-MAX_BRACE_WORDS = 256  # a brace expansion reads as at most this many words
-_MAX_BRACE_INPUT = 4_096  # longer words are not brace-expanded (left as one word)
-
-
-def _brace_expand(word: str) -> list[str]:
-    """``word`` brace-expanded as bash does for ``{a,b}`` lists (not ``{1..3}``), at most
-    :data:`MAX_BRACE_WORDS` words; ``${...}`` is a parameter, not a list."""
-    if "{" not in word or "," not in word or len(word) > _MAX_BRACE_INPUT:
-        return [word]
-    i, n = 0, len(word)
-    while i < n:
-        if word[i] != "{":
-            i += 1
-            continue
-        if i > 0 and word[i - 1] == "$":
-            i = _matching_close(word, i, "{", "}") + 1
-            continue
-        depth, commas, j = 0, [], i
-        while j < n:
-            if word[j] == "{":
-                depth += 1
-            elif word[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            elif word[j] == "," and depth == 1:
-                commas.append(j)
-            j += 1
-        if j >= n or not commas:
-            i += 1
-            continue
-        tails = _brace_expand(word[j + 1 :])
-        words: list[str] = []
-        for left, right in itertools.pairwise([i, *commas, j]):
-            for middle in _brace_expand(word[left + 1 : right]):
-                for tail in tails:
-                    words.append(word[:i] + middle + tail)
-                    if len(words) >= MAX_BRACE_WORDS:
-                        return words
-        return words
-    return [word]
-
-
-def _expand_words(words: Sequence[_Word]) -> list[tuple[str, bool]]:
-    """The words the shell would pass after brace expansion and $IFS splitting, each
-    with whether it still holds an expansion the text does not show."""
-    expanded: list[tuple[str, bool]] = []
-    for word in words:
-        for braced in _brace_expand(word.text):
-            if word.expands and ("IFS" in braced):
-                for piece in _IFS.split(braced):
-                    if piece:
-                        expanded.append((piece, "$" in piece or "`" in piece))
-            else:
-                expanded.append((braced, word.expands))
-    return expanded
 
 
 @dataclass(slots=True)
@@ -876,11 +449,11 @@ def _invocation(words: list[str]) -> _Invocation | None:
     if program.startswith("/etc/init.d/"):
         program, raw = "service", [posixpath.basename(program), *raw]
     name = posixpath.basename(program)
-    longs = _LONG_OPTIONS.get(name)
+    longs = LONG_OPTIONS.get(name)
     if longs:
         end = raw.index("--") if "--" in raw else len(raw)
         raw = [expand_long_option(a, longs) for a in raw[:end]] + raw[end:]
-    return _Invocation(name, [_normalise_path(a) for a in raw], raw, at)
+    return _Invocation(name, [normalise_path(a) for a in raw], raw, at)
 
 
 # -- the forms an allowlist regex must match ------------------------------------------
@@ -928,7 +501,7 @@ def _command_forms(
     """
     if any(expands for _, expands in words):
         return None
-    rendered = [_normalise_path(text) for text, _ in words]
+    rendered = [normalise_path(text) for text, _ in words]
     at = invocation.at if invocation is not None and invocation.at is not None else 0
     leading = _PATH_OPERANDS.get(invocation.program if invocation else "")
     paths: list[int] = []
@@ -1027,11 +600,11 @@ def _nested_code(invocation: _Invocation) -> list[str]:
     return []
 
 
-def _pipeline_forms(pipeline: list[_SimpleCommand]) -> list[str] | None:
+def _pipeline_forms(pipeline: list[SimpleCommand]) -> list[str] | None:
     """Each combination of its stages' forms, joined by `` | ``; None if a stage has none."""
     combined = [""]
     for command in pipeline:
-        words = _expand_words(command.words)
+        words = expand_words(command.words)
         stage = _command_forms(words, _invocation([text for text, _ in words]))
         if stage is None or len(combined) * len(stage) > MAX_ALLOWLIST_FORMS:
             return None
@@ -1114,12 +687,12 @@ class _Detector:
             for pattern in self.by_scope.get("script", ()):
                 if pattern.regex.search(whole):
                     self.add(pattern.key, pattern.reason, whole, [whole])
-        for pipeline in _parse(text):
+        for pipeline in parse(text):
             invocations = [self.simple(text, command, depth) for command in pipeline]
             if len(pipeline) > 1:
                 self.pipeline(text, pipeline, invocations, depth)
 
-    def simple(self, text: str, command: _SimpleCommand, depth: int) -> _Invocation | None:
+    def simple(self, text: str, command: SimpleCommand, depth: int) -> _Invocation | None:
         unit = normalise_command(text[command.start : command.end])
         for word in command.words:
             for sub in word.substitutions:
@@ -1127,7 +700,7 @@ class _Detector:
         for _, target in command.redirects:
             for sub in target.substitutions:
                 self.run(sub, depth + 1)
-        words = _expand_words(command.words)
+        words = expand_words(command.words)
         invocation = _invocation([text for text, _ in words])
         program = invocation.program if invocation else ""
         command_patterns, text_patterns = self.for_program(program)
@@ -1147,7 +720,7 @@ class _Detector:
                 if pattern.regex.search(args_text):
                     self.add(pattern.key, pattern.reason, unit, forms())
         for operator, target in command.redirects:
-            path = _normalise_path(target.text)
+            path = normalise_path(target.text)
             rendered = f"{program} {operator} {path}"
             for pattern in self.by_scope.get("redirect", ()):
                 if pattern.regex.search(rendered):
@@ -1169,7 +742,7 @@ class _Detector:
     def pipeline(
         self,
         text: str,
-        pipeline: list[_SimpleCommand],
+        pipeline: list[SimpleCommand],
         invocations: list[_Invocation | None],
         depth: int,
     ) -> None:

@@ -8,6 +8,8 @@ accepts any unambiguous prefix: ``--sig`` is ``--signal``, see :func:`expand_lon
 and the operands that come before the command (``timeout DURATION``). A few wrappers run
 their command through a shell (``flock FILE -c CMD``, ``script -c CMD``, GNU ``parallel``);
 :func:`unwrap` turns those into ``sh -c CMD`` so the shell code is read like any other.
+:data:`LONG_OPTIONS` lists the long options of the programs the approval table reads
+options of (rm, chmod, sed, cp...), so their abbreviations are spelled out too.
 """
 
 from __future__ import annotations
@@ -331,3 +333,78 @@ def unwrap(args: list[str]) -> list[str]:
         else:
             break
     return args[i:]
+
+
+# The long options of the programs the table reads options of, so that an abbreviation
+# reads as the option it is to GNU getopt: "rm --recur /" is "rm --recursive /".
+_CHOWN_LONG = (
+    "--changes --dereference --no-dereference --from --no-preserve-root --preserve-root "
+    "--quiet --silent --reference --recursive --verbose --help --version"
+)
+_COPY_LONG = (
+    "--backup --force --interactive --no-clobber --strip-trailing-slashes --suffix "
+    "--target-directory --no-target-directory --update --verbose --context --debug --help "
+    "--version"
+)
+LONG_OPTIONS: dict[str, tuple[str, ...]] = {
+    name: tuple(options.split())
+    for names, options in (
+        (
+            "rm",
+            "--force --interactive --one-file-system --no-preserve-root --preserve-root "
+            "--recursive --dir --verbose --help --version",
+        ),
+        (
+            "chmod",
+            "--changes --silent --quiet --verbose --no-preserve-root --preserve-root "
+            "--reference --recursive --help --version",
+        ),
+        ("chown chgrp", _CHOWN_LONG),
+        (
+            "sed",
+            "--quiet --silent --debug --expression --file --follow-symlinks --in-place "
+            "--line-length --null-data --zero-terminated --posix --regexp-extended "
+            "--separate --sandbox --unbuffered --help --version",
+        ),
+        (
+            "cp",
+            _COPY_LONG + " --archive --attributes-only --copy-contents --dereference --link "
+            "--no-dereference --preserve --no-preserve --parents --recursive --reflink "
+            "--remove-destination --sparse --symbolic-link --one-file-system "
+            "--keep-directory-symlink",
+        ),
+        ("mv", _COPY_LONG + " --exchange --no-copy"),
+        (
+            "install",
+            _COPY_LONG + " --compare --directory --group --mode --owner --preserve-timestamps "
+            "--strip --strip-program --preserve-context",
+        ),
+        (
+            "ln",
+            _COPY_LONG + " --directory --logical --no-dereference --physical --relative --symbolic",
+        ),
+        ("tee", "--append --ignore-interrupts --output-error --help --version"),
+        ("truncate", "--no-create --io-blocks --reference --size --help --version"),
+        (
+            "shred",
+            "--force --iterations --random-source --size --remove --verbose --exact --zero "
+            "--help --version",
+        ),
+        (
+            "pkill",
+            "--signal --count --euid --uid --group --parent --ns --nslist --session "
+            "--terminal --full --ignore-case --newest --oldest --older --pidfile "
+            "--logpidfile --runstates --echo --inverse --exact --cgroup --lightweight "
+            "--delimiter --list-name --list-full --require-handler --queue --env --help "
+            "--version",
+        ),
+        (
+            "killall",
+            "--exact --ignore-case --process-group --younger-than --older-than "
+            "--interactive --quiet --regexp --signal --user --verbose --wait --ns --context "
+            "--help --version",
+        ),
+        ("kill", "--signal --list --table --queue --timeout --verbose --help --version"),
+    )
+    for name in names.split()
+}
