@@ -390,6 +390,11 @@ def test_policy_is_safe_to_share_between_threads() -> None:
         ("chrt -f 10 rm -rf /", "rm-recursive-broad"),
         ("chrt --rr -T 100 10 reboot", "shutdown"),
         ("sudo flock /tmp/l strace -f unshare -r chrt 0 rm -rf /", "rm-recursive-broad"),
+        ("ltrace -f -o /tmp/log rm -rf /", "rm-recursive-broad"),
+        ("nsenter -t 1 -m -u -n rm -rf /", "rm-recursive-broad"),
+        ("prlimit --nofile=10 rm -rf /", "rm-recursive-broad"),
+        ("setarch x86_64 -R rm -rf /", "rm-recursive-broad"),
+        ("fakeroot -- rm -rf /", "rm-recursive-broad"),
     ],
 )
 def test_evasive_forms_are_flagged(command: str, key: str) -> None:

@@ -119,7 +119,9 @@ _BROAD_ABSOLUTE = (
     r"|/[^/ ]+(?:/\*)?"
     r"|/(?:usr|var|home|Users|opt|srv|snap|boot|etc|lib|lib32|lib64|libx32|root)/[^/ ]+(?:/\*)?"
     r"|~[\w.-]*(?:/\*)?|~[\w.-]*/\.[^/ ]+"
-    r"|\$HOME(?:/\*)?|\$\{HOME\}(?:/\*)?|\$HOME/\.[^/ ]+|\$\{HOME\}/\.[^/ ]+)"
+    r"|\$HOME(?:/\*)?|\$\{HOME\}(?:/\*)?|\$HOME/\.[^/ ]+|\$\{HOME\}/\.[^/ ]+"
+    # ~ or a variable, then "..": above a directory whose depth the text does not show
+    r"|(?:~[\w.-]*|\$\w+|\$\{\w+\})/\.\.(?:/\S*)?)"
 )
 # ...or the current or parent directory, or everything in one.
 _BROAD_RELATIVE = r"(?:\*|\.\*|\.(?:/\*)?|\.\.(?:/\.\.)*(?:/\*)?)"

@@ -149,6 +149,24 @@ WRAPPERS: dict[str, Wrapper] = {
         "--pid --verbose --help --version",
         1,
     ),
+    "ltrace": _w(
+        "-a -A -D -e -F -l -n -o -p -s -u -w -x -b -L --align --indent --library --output",
+        "--demangle --help --version --no-signals",
+    ),
+    "nsenter": _w(
+        "-t -S -G --target --setuid --setgid --env",
+        "--all --mount --uts --ipc --net --pid --cgroup --user --time --user-parent "
+        "--preserve-credentials --keep-caps --root --wd --wdns --no-fork --follow-context "
+        "--help --version",
+    ),
+    "prlimit": _w("-p -o --pid --output", "--noheadings --raw --verbose --help --version"),
+    "setarch": _w(
+        "",
+        "--verbose --addr-no-randomize --fdpic-funcptrs --mmap-page-zero --addr-compat-layout "
+        "--read-implies-exec --32bit --short-inode --whole-seconds --sticky-timeouts "
+        "--3gb --4gb --uname-2.6 --list --show --help --version",
+    ),
+    "fakeroot": _w("-l -s -i -b --lib --faked", "--unknown-is-real --help --version"),
 }
 """Every wrapper :func:`unwrap` looks through, by program base name."""
 
@@ -244,6 +262,11 @@ def _unwrap_flock(args: list[str], i: int) -> int | list[str]:
     return start
 
 
+def _unwrap_setarch(args: list[str], i: int) -> int | list[str]:
+    # setarch ARCH [options] [program]: the architecture comes before the options
+    return read_options(args, i + 1, WRAPPERS["setarch"]).end
+
+
 def _unwrap_script(args: list[str], i: int) -> int | list[str]:
     # script runs a shell unless -c gives a command; options may follow the log file
     return _as_shell(read_options(args, i, _SCRIPT, permute=True).code)
@@ -279,6 +302,7 @@ _SPECIAL: dict[str, Callable[[list[str], int], int | list[str]]] = {
     "flock": _unwrap_flock,
     "script": _unwrap_script,
     "parallel": _unwrap_parallel,
+    "setarch": _unwrap_setarch,
 }
 
 
