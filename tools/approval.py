@@ -463,24 +463,8 @@ def _invocation(words: list[str]) -> _Invocation | None:
 MAX_ALLOWLIST_FORMS = 64  # a command read as more forms than this is left to a human
 # Programs whose operands are all paths after the first N (chmod's mode, chown's owner).
 _PATH_OPERANDS = {
-    **dict.fromkeys(
-        [
-            "rm",
-            "rmdir",
-            "unlink",
-            "shred",
-            "tee",
-            "cp",
-            "mv",
-            "ln",
-            "install",
-            "truncate",
-            "touch",
-            "mkdir",
-            "rsync",
-        ],
-        0,
-    ),
+    **dict.fromkeys(("rm", "rmdir", "unlink", "shred", "tee", "truncate", "touch", "mkdir"), 0),
+    **dict.fromkeys(("cp", "mv", "ln", "install", "rsync"), 0),
     **dict.fromkeys(("chmod", "chown", "chgrp"), 1),
 }
 _GLOB = re.compile(r"[*?[]")

@@ -10,8 +10,8 @@ would create ``/etc/x``). The checks then look at the real path:
 - writes are always refused under the protected paths of :data:`PROTECTED_SYSTEM_DIRS`
   and :data:`PROTECTED_HOME_ENTRIES` (:mod:`~hermes_sandbox.tools.protected_paths`, the
   list the terminal's approval check flags writes to as well), to a container engine's
-  socket, and to anything that
-  is not a regular file (a FIFO would block the write forever, a device would take it).
+  socket, and to anything that is not a regular file (a FIFO would block the write
+  forever, a device would take it).
 
 The tools should then act on :attr:`ResolvedPath.path`, the path that was checked, not
 on the name they were given: checking one path and opening another is how symlink
