@@ -8,6 +8,7 @@ takes its descendants and every process still in its session.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -226,7 +227,10 @@ class LocalEnvironment(Environment, Runtime):
 
     async def stat(self, path: str) -> FileStat:
         def _stat() -> FileStat:
-            real = os.path.realpath(path)
+            try:
+                real = os.path.realpath(path)
+            except RecursionError:  # a symlink chain deeper than Python's stack
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
             st = os.stat(real)
             return FileStat(real, _kind(st.st_mode), st.st_size)
 

@@ -1,8 +1,10 @@
 """The environment a script starts with: the host's, scrubbed of anything secret.
 
-A variable passes only if its name is on a short allowlist of harmless prefixes and
-contains none of the secret markers; anything else reaches the script only when the
-caller passes it explicitly.
+A variable passes only if its name is one of :data:`PASSTHROUGH_NAMES`, exactly, or of the
+locale family ``LC_*``, and contains none of the secret markers; anything else reaches
+the script only when the caller passes it explicitly. Exact names, not prefixes: a
+prefix let ``USER_PASS``, ``USERDB_URL``, ``HOMEASSISTANT_PIN`` and
+``XDG_SESSION_COOKIE`` through.
 """
 
 from __future__ import annotations
@@ -25,26 +27,44 @@ SECRET_MARKERS = (
     "BEARER",
     "APIKEY",
 )
-# A name passes if it starts with one of these (and carries no secret marker).
-PASSTHROUGH_PREFIXES = (
-    "PATH",
-    "HOME",
-    "USER",
-    "LANG",
-    "LANGUAGE",
-    "LC_",
-    "TERM",
-    "TMPDIR",
-    "TMP",
-    "TEMP",
-    "TZ",
-    "SHELL",
-    "LOGNAME",
-    "XDG_",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "CONDA",
+# A name passes if it is one of these (and carries no secret marker): what programs need
+# to find things (PATH, HOME, the XDG base directories, the virtualenv or conda env),
+# who the user is, and how text, time and the terminal look.
+PASSTHROUGH_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "COLORTERM",
+        "TERMINFO",
+        "TERMINFO_DIRS",
+        "TZ",
+        "TMPDIR",
+        "TMP",
+        "TEMP",
+        "XDG_RUNTIME_DIR",
+        "XDG_CONFIG_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_DATA_HOME",
+        "XDG_STATE_HOME",
+        "XDG_CONFIG_DIRS",
+        "XDG_DATA_DIRS",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CONDA_DEFAULT_ENV",
+        "CONDA_EXE",
+        "CONDA_PYTHON_EXE",
+        "CONDA_SHLVL",
+    }
 )
+# The locale family: LC_ALL, LC_CTYPE, LC_TIME... (and ssh's habit of forwarding LC_*).
+PASSTHROUGH_FAMILY = "LC_"
 # Set for every script: predictable text I/O, no stray .pyc files, output as it comes.
 SCRIPT_DEFAULTS = {
     "PYTHONDONTWRITEBYTECODE": "1",
@@ -69,7 +89,7 @@ def scrub_environment(
     env = {
         name: value
         for name, value in host_env.items()
-        if name.upper().startswith(PASSTHROUGH_PREFIXES)
+        if (name in PASSTHROUGH_NAMES or name.startswith(PASSTHROUGH_FAMILY))
         and not is_secret_name(name)
         and not name.startswith(RUNTIME_PREFIXES)
     }

@@ -437,6 +437,7 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         max_stdout_bytes=limits.max_stdout_bytes,
         max_stderr_bytes=limits.max_stderr_bytes,
         max_spill_bytes=limits.max_spill_bytes,
+        spill_retention=limits.spill_retention,
         kill_grace=limits.kill_grace,
         spill_dir=os.path.expanduser(config.spill_dir) if config.spill_dir else None,
         workspace_root=config.workspace_root,

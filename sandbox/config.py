@@ -45,6 +45,7 @@ import yaml
 from hermes_sandbox.environments import BACKENDS, BackendSettings, get_settings_class
 from hermes_sandbox.environments.settings import Place, config_place
 from hermes_sandbox.errors import ConfigError
+from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION
 from hermes_sandbox.tools.approval import ALLOWLIST_REGEX_PREFIX
 
 ENV_VAR = "HERMES_SANDBOX_CONFIG"
@@ -59,12 +60,15 @@ class LimitsConfig:
     max_stderr_bytes: int = 10_000
     max_spill_bytes: int = 5_000_000
     kill_grace: float = 2.0
+    spill_retention: float = DEFAULT_SPILL_RETENTION  # seconds a spill file is kept
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not self.timeout > 0:
             yield "timeout", f"must be more than 0 seconds, got {self.timeout:g}"
         if not self.kill_grace >= 0:
             yield "kill_grace", f"must be 0 seconds or more, got {self.kill_grace:g}"
+        if not self.spill_retention > 0:
+            yield "spill_retention", f"must be more than 0 seconds, got {self.spill_retention:g}"
         for name in ("max_tool_calls", "max_stdout_bytes", "max_stderr_bytes", "max_spill_bytes"):
             if getattr(self, name) < 0:
                 yield name, f"must be 0 or more, got {getattr(self, name)}"

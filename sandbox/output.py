@@ -12,6 +12,7 @@ import tempfile
 from typing import BinaryIO
 
 from hermes_sandbox.environments.capture import HeadTailBuffer
+from hermes_sandbox.spill import SPILL_PREFIX, SPILL_SUFFIX
 
 MAX_STDOUT_BYTES = 50_000
 MAX_STDERR_BYTES = 10_000
@@ -61,7 +62,7 @@ class CappedOutput:
         directory = self._spill_dir or default_spill_dir()
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            fd, path = tempfile.mkstemp(prefix="stdout-", suffix=".txt", dir=directory)
+            fd, path = tempfile.mkstemp(prefix=SPILL_PREFIX, suffix=SPILL_SUFFIX, dir=directory)
             self._spill = os.fdopen(fd, "wb")
             self.spill_path = path
         except OSError as exc:

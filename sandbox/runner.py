@@ -32,9 +32,16 @@ from hermes_sandbox.environments.settings import api_place
 from hermes_sandbox.errors import RunError
 from hermes_sandbox.gate import ToolCallBudget, ToolGate
 from hermes_sandbox.hints import failure_hint
-from hermes_sandbox.output import MAX_SPILL_BYTES, MAX_STDERR_BYTES, MAX_STDOUT_BYTES, CappedOutput
+from hermes_sandbox.output import (
+    MAX_SPILL_BYTES,
+    MAX_STDERR_BYTES,
+    MAX_STDOUT_BYTES,
+    CappedOutput,
+    default_spill_dir,
+)
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
+from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
 from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
 from hermes_sandbox.tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
@@ -76,6 +83,7 @@ class RunOptions:
     max_stderr_bytes: int = MAX_STDERR_BYTES
     max_spill_bytes: int = MAX_SPILL_BYTES
     spill_dir: str | None = None
+    spill_retention: float = DEFAULT_SPILL_RETENTION  # seconds; older spill files are swept
     kill_grace: float = 2.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
@@ -113,6 +121,10 @@ class RunOptions:
             raise RunError(f"timeout must be a positive number of seconds, got {self.timeout}")
         if self.max_tool_calls < 0:
             raise RunError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        if not self.spill_retention > 0:
+            raise RunError(
+                f"spill_retention must be a positive number of seconds, got {self.spill_retention}"
+            )
         checked = self
         if self.cwd is not None and self.backend_name == "local":
             cwd = os.path.abspath(os.path.expanduser(self.cwd))
@@ -291,6 +303,9 @@ async def run_code(
     files = stub_files(registry.get_definitions(tools))
     budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
 
+    await anyio.to_thread.run_sync(
+        sweep_spill_dir, options.spill_dir or default_spill_dir(), options.spill_retention
+    )
     stdout = CappedOutput(
         options.max_stdout_bytes,
         spill_limit=options.max_spill_bytes,

@@ -46,7 +46,7 @@ DEFAULT_TIMEOUT = 20.0
 IMAGE = os.environ.get("HERMES_SANDBOX_TEST_IMAGE", "hermes-sandbox-python:bookworm")
 TEST_LABEL = "hermes-sandbox-test"  # on every container a test makes, with RUN_ID
 RUN_ID = uuid.uuid4().hex[:12]
-TAG_VAR = "XDG_HERMES_TEST_TAG"  # XDG_ passes the scrubber's allowlist
+TAG_VAR = "LC_HERMES_TEST_TAG"  # the LC_* family passes the scrubber's allowlist
 # Processes that were SIGKILLed are gone within microseconds; this only absorbs the
 # kernel's bookkeeping, it cannot hide a process that really stayed behind.
 LEFTOVER_GRACE = 1.0

@@ -336,3 +336,154 @@ def test_policy_is_safe_to_share_between_threads() -> None:
     assert results == [None] * 200
     assert {command for _, command in policy.session_approvals} == set(commands)
     assert 10 <= calls <= 200  # concurrent first checks of one command may each ask
+
+
+# -- attacks: forms that used to slip past the table (issue #11) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [
+        # GNU getopt takes any unambiguous prefix of a long option
+        ("rm --recur /", "rm-recursive-broad"),
+        ("rm --recursive --force /", "rm-recursive-broad"),
+        ("rm --r --f ~", "rm-recursive-broad"),
+        ("rm -r --no-pres /", "rm-no-preserve-root"),
+        ("chmod --recurs 777 /", "chmod-recursive-broad"),
+        ("chown --rec nobody ~", "chmod-recursive-broad"),
+        ("sed --in 's/a/b/' /etc/hosts", "etc-edit-in-place"),
+        ("timeout --sig KILL 5 rm -rf /", "rm-recursive-broad"),
+        ("sudo --us root rm -rf /", "rm-recursive-broad"),
+        # ${IFS} word splitting
+        ("rm${IFS}-rf${IFS}/", "rm-recursive-broad"),
+        ("rm$IFS-rf$IFS/", "rm-recursive-broad"),
+        ("rm${IFS%?}-rf${IFS:0:1}~", "rm-recursive-broad"),
+        ("sh -c 'rm${IFS}-rf${IFS}/'", "rm-recursive-broad"),
+        # brace expansion
+        ("{rm,-rf,/}", "rm-recursive-broad"),
+        ("{rm,-rf,~}", "rm-recursive-broad"),
+        ("rm {-rf,/}", "rm-recursive-broad"),
+        ("{reboot,now}", "shutdown"),
+        # wrappers, each with its own options
+        ("flock /tmp/lock rm -rf /", "rm-recursive-broad"),
+        ("flock -w 5 /tmp/lock rm -rf /", "rm-recursive-broad"),
+        ("flock /tmp/lock -c 'rm -rf /'", "rm-recursive-broad"),
+        ("flock --timeout 5 -x /tmp/lock --command 'rm -rf ~'", "rm-recursive-broad"),
+        ("strace rm -rf /", "rm-recursive-broad"),
+        ("strace -f -o /tmp/log rm -rf /", "rm-recursive-broad"),
+        ("strace -fo /tmp/log -e trace=file rm -rf /", "rm-recursive-broad"),
+        ("unshare rm -rf /", "rm-recursive-broad"),
+        ("unshare -r -m --propagation private -w / rm -rf /", "rm-recursive-broad"),
+        ("setpriv --reuid 0 --regid 0 --clear-groups rm -rf /", "rm-recursive-broad"),
+        ("setpriv --nnp reboot", "shutdown"),
+        ("script -c 'rm -rf /' /dev/null", "rm-recursive-broad"),
+        ("script -q /dev/null -c 'rm -rf /'", "rm-recursive-broad"),
+        ("script -qc 'rm -rf ~' /dev/null", "rm-recursive-broad"),
+        ("script --command='rm -rf /'", "rm-recursive-broad"),
+        ("parallel rm -rf ::: /", "rm-recursive-broad"),
+        ("parallel -j 4 'rm -rf {}' ::: /tmp/a /", "rm-recursive-broad"),
+        ("parallel ::: 'rm -rf /' 'ls'", "rm-recursive-broad"),
+        ("parallel --jobs 2 rm -rf ::: ~", "rm-recursive-broad"),
+        ("systemd-run rm -rf /", "rm-recursive-broad"),
+        ("systemd-run --user --unit x -p Nice=5 --wait rm -rf /", "rm-recursive-broad"),
+        ("chrt 0 rm -rf /", "rm-recursive-broad"),
+        ("chrt -f 10 rm -rf /", "rm-recursive-broad"),
+        ("chrt --rr -T 100 10 reboot", "shutdown"),
+        ("sudo flock /tmp/l strace -f unshare -r chrt 0 rm -rf /", "rm-recursive-broad"),
+        ("ltrace -f -o /tmp/log rm -rf /", "rm-recursive-broad"),
+        ("nsenter -t 1 -m -u -n rm -rf /", "rm-recursive-broad"),
+        ("prlimit --nofile=10 rm -rf /", "rm-recursive-broad"),
+        ("setarch x86_64 -R rm -rf /", "rm-recursive-broad"),
+        ("fakeroot -- rm -rf /", "rm-recursive-broad"),
+    ],
+)
+def test_evasive_forms_are_flagged(command: str, key: str) -> None:
+    assert key in keys(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rm --verbose build/x",  # a long option that is not --recursive
+        "chmod --ref=a.txt b.txt",
+        "echo {a,b}",
+        "echo ${HOME}",
+        "find . -name x -exec echo {} ;",
+        "flock /tmp/lock ls",
+        "flock -n 9",  # no command: locks a file descriptor
+        "strace -p 1234",  # attaches; runs nothing
+        "chrt -p 1234",
+        "chrt -m",
+        "script /dev/null",
+        "parallel echo ::: a b",
+        "unshare -r id",
+        "systemd-run --user sleep 1",
+    ],
+)
+def test_wrapped_and_expanded_safe_commands_pass(command: str) -> None:
+    assert detect_dangerous(command) == []
+
+
+def test_brace_expansion_is_bounded() -> None:
+    started = time.perf_counter()
+    assert detect_dangerous("echo " + "{a,b}" * 40) == []
+    assert detect_dangerous("echo " + "{" * 5000 + "a,b" + "}" * 5000) == []
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rm -rf /tmp/x /",  # a second operand the regex's .* swallowed
+        "rm -rf /tmp/../",  # .. resolved: this is rm -rf /
+        "rm -rf /tmp/x/../../",
+        "rm -rf /tmp/x $HOME",  # an unexpanded variable
+        "rm -rf /tmp/* /tmp/$X",
+        'rm -rf /tmp/* "/tmp/$(echo ..)"',
+        "rm -rf /tmp/* etc",  # a bare relative operand
+        "rm -rf /tmp/* -- /",
+        "rm -rf /tmp/* ~",
+        "rm${IFS}-rf${IFS}/tmp/x${IFS}/",
+        "{rm,-rf,/tmp/x,/}",
+        "sudo rm -rf /tmp/x /",
+    ],
+)
+async def test_allowlist_regex_does_not_stretch_over_other_operands(command: str) -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:(sudo )?rm -rf /tmp/.*"])
+    assert await policy.check(command) is not None
+
+
+@pytest.mark.anyio
+async def test_allowlist_regex_matches_each_normalised_operand() -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:rm -rf /tmp/.*", r"re:chmod -R 777 /srv/(a|b)/.*"])
+    assert await policy.check("rm -rf /tmp/*") is None
+    assert await policy.check("rm  -rf '/tmp/*'") is None  # quotes removed
+    assert await policy.check("rm -rf /tmp/* /tmp/y/../z") is None  # each operand fits
+    assert await policy.check("rm -rf /tmp/* && rm -rf /tmp/x/../*") is None
+    assert await policy.check("chmod -R 777 /srv/a/* /srv/b/..//b/*") is None
+    assert await policy.check("chmod -R 777 /srv/a/* /srv/c/..") is not None  # /srv
+    assert await policy.check("chmod -R 777 /srv/a/* /") is not None
+    # several entries may share the operands out
+    both = ApprovalPolicy(allowlist=[r"re:rm -rf /tmp/.*", r"re:rm -rf /var/tmp/.*"])
+    assert await both.check("rm -rf /tmp/* /var/tmp/*") is None
+    assert await both.check("rm -rf /tmp/* /var/*") is not None
+
+
+@pytest.mark.anyio
+async def test_allowlist_regex_never_allows_what_the_text_does_not_show() -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:.*"])
+    assert await policy.check("rm -rf $HOME") is not None
+    assert await policy.check("rm -rf `pwd`/..") is not None
+    assert await policy.check("reboot") is None
+    exact = ApprovalPolicy(allowlist=["rm -rf $HOME"])  # an exact entry still can
+    assert await exact.check("rm  -rf $HOME") is None
+
+
+@pytest.mark.anyio
+async def test_allowlist_regex_for_a_redirect_matches_each_target() -> None:
+    policy = ApprovalPolicy(allowlist=[r"re:echo .* > /etc/motd"])
+    assert await policy.check("echo hello > /etc/motd") is None
+    assert await policy.check("echo hello > /etc/x/../motd") is None
+    assert await policy.check("echo hello > /etc/motd > /etc/shadow") is not None
+    assert await policy.check("echo hello > /etc/../etc/shadow") is not None

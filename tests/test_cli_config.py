@@ -32,7 +32,8 @@ WEB_VARS = (
 # Flagged by the approval table (it carries SQL DROP text) but harmless: it only appends
 # a line to ran.log in the current directory, so each run of it is counted.
 FLAGGED = r"printf '%s\n' 'DROP TABLE a' >> ran.log"
-FLAGGED_REGEX = r"re:printf '%s\\n' 'DROP TABLE \w+' >> ran\.log"
+# a regex sees the normalised words (quotes removed), not the text as written
+FLAGGED_REGEX = r"re:printf %s\\n DROP TABLE \w+"
 PROMPT = "Allow it? [o]nce, [s]ession, [a]lways, [N]o:"
 
 TERMINAL_TWICE = f"""\
@@ -587,3 +588,33 @@ def test_the_readme_example_config_is_valid():
     example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
     config = parse_config(example, "README.md")
     assert config.approvals.allowlist[1].startswith("re:")
+
+
+def test_old_spill_files_are_swept_at_the_start_of_a_run(tmp_path):
+    (tmp_path / "loud.py").write_text("print('x' * 5000)\n")
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    two_hours_ago = time.time() - 7200
+    old, fresh, other = spill / "stdout-old.txt", spill / "stdout-fresh.txt", spill / "notes.txt"
+    for path in (old, fresh, other):
+        path.write_text("kept?\n")
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    os.utime(other, (two_hours_ago, two_hours_ago))
+    write_config(
+        default_config(tmp_path),
+        {"spill_dir": str(spill), "limits": {"max_stdout_bytes": 1000, "spill_retention": 3600}},
+    )
+    done = cli("run", "loud.py", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    spilled = json.loads(done.stdout)["stdout_spill_path"]
+    assert not old.exists()  # older than the hour kept
+    assert fresh.exists() and other.exists()  # too young, and not a spill file
+    assert os.path.getsize(spilled) == 5001  # this run's own
+
+
+def test_spill_retention_must_be_positive(tmp_path):
+    (tmp_path / "script.py").write_text("print(1)\n")
+    write_config(default_config(tmp_path), {"limits": {"spill_retention": 0}})
+    done = cli("run", "script.py", cwd=tmp_path)
+    assert done.returncode != 0
+    assert "spill_retention" in done.stderr

@@ -496,5 +496,5 @@ def test_leftover_check_finds_a_marked_process(sandbox_processes, gone):
 
 def test_scripts_carry_the_leftover_check_tag(run):
     """The tag reaches sandboxed scripts, so the leftover check covers them."""
-    result = run("import os\nprint(os.environ.get('XDG_HERMES_TEST_TAG'))")
-    assert result.output.strip() == os.environ["XDG_HERMES_TEST_TAG"]
+    result = run("import os\nprint(os.environ.get('LC_HERMES_TEST_TAG'))")
+    assert result.output.strip() == os.environ["LC_HERMES_TEST_TAG"]

@@ -238,7 +238,7 @@ async def test_writes_outside_the_workspace_are_refused(
         assert "outside the workspace" in result["error"], path
         assert result["refused"] is True
     result = await call(ctx, patch="*** Begin Patch\n*** Add File: ../new.txt\n+x\n*** End Patch\n")
-    assert "outside the workspace" in result["error"]
+    assert "outside the working directory" in result["error"]
     assert (tmp_path / "outside.txt").read_text() == "a\n"
     assert not (tmp_path / "new.txt").exists()
 
@@ -588,3 +588,44 @@ async def test_a_hunk_that_misses_says_where_its_first_line_is(
     )
     assert "hunk 1" in result["error"]
     assert "'def f():' is at line 1" in result["error"]
+
+
+# -- attacks: headers that climb out of the working directory (issue #11) -------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "*** Add File: ../outside.py\n+x",
+        "*** Add File: ../../../tmp/outside.py\n+x",
+        "*** Add File: sub/../../outside.py\n+x",
+        "*** Update File: ../victim.txt\n-victim\n+owned",
+        "*** Delete File: ../victim.txt",
+        "*** Update File: inside.txt\n*** Move to: ../moved.txt\n-inside\n+moved",
+        "*** Add File: {outside}/absolute.py\n+x",
+        "*** Delete File: {outside}/victim.txt",
+    ],
+)
+async def test_patch_headers_never_leave_the_working_directory(
+    env: LocalEnvironment, tmp_path: Path, header: str
+) -> None:
+    work = tmp_path / "a" / "b" / "work"  # ../../../tmp is still under tmp_path
+    (work / "sub").mkdir(parents=True)
+    (work / "inside.txt").write_text("inside\n")
+    (work.parent / "victim.txt").write_text("victim\n")
+    ctx = ToolContext(task_id="t", environment=env, cwd=str(work))  # no workspace root
+    before = snapshot(tmp_path)
+    text = "*** Begin Patch\n" + header.format(outside=work.parent) + "\n*** End Patch\n"
+    result = await call(ctx, patch=text)
+    assert result["refused"] is True
+    assert "outside the working directory" in result["error"]
+    assert snapshot(tmp_path) == before
+
+
+async def test_patch_headers_may_name_absolute_paths_inside_the_working_directory(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    text = f"*** Begin Patch\n*** Add File: {tmp_path}/sub/./new.txt\n+x\n*** End Patch\n"
+    result = await call(ctx, patch=text)
+    assert result["status"] == "ok"
+    assert (tmp_path / "sub" / "new.txt").read_text() == "x\n"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,3 +385,60 @@ async def test_symlink_probe_runs_only_when_stat_gives_no_hint(tree: Tree) -> No
         async with environment:
             await resolve_path(ctx_for(environment, tree.ws, None), "brand/new.txt")
             assert len(environment.commands) == probes
+
+
+# -- long paths: work linear in the number of components (issue #11) -----------------
+
+
+class StatCounting(PlainStatEnvironment):
+    """Counts stat calls; its errors name no path, as in PlainStatEnvironment."""
+
+    def __init__(self, hint: bool) -> None:
+        super().__init__()
+        self.hint = hint
+        self.stats = 0
+
+    async def stat(self, path: str) -> FileStat:
+        self.stats += 1
+        if self.hint:
+            return await LocalEnvironment.stat(self, path)
+        return await super().stat(path)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("hint", [True, False], ids=["local-stat", "plain-stat"])
+@pytest.mark.parametrize("form", ["missing", "dots", "self-links", "missing-self-links"])
+async def test_ten_thousand_components_resolve_without_quadratic_work(
+    tree: Tree, hint: bool, form: str
+) -> None:
+    (tree.ws / "self").symlink_to(".")
+    path = {
+        "missing": "m/" * 10_000 + "x",
+        "dots": "./" * 10_000 + "a/x",
+        "self-links": "self/" * 10_000 + "a/x",
+        "missing-self-links": "m/self/" * 5_000 + "x",
+    }[form]
+    async with StatCounting(hint) as environment:
+        ctx = ctx_for(environment, tree.ws, tree.ws)
+        started = time.process_time()
+        resolved = await resolve_for_write(ctx, path)
+        took = time.process_time() - started
+        print(f"{form}, {'hint' if hint else 'probe'}: {took:.3f} s CPU, {environment.stats} stats")
+    assert resolved.path.startswith(str(tree.ws) + "/")
+    assert resolved.path.endswith("/x")
+    # a bounded number of stat calls (each linear in the path), not one per component
+    assert environment.stats <= 64
+
+
+@pytest.mark.anyio
+async def test_a_deep_symlink_chain_is_a_loop_not_a_recursion_error(
+    any_env: LocalEnvironment, tree: Tree
+) -> None:
+    (tree.ws / "s0").symlink_to(".")
+    for i in range(1, 3_000):
+        (tree.ws / f"s{i}").symlink_to(f"s{i - 1}")
+    ctx = ctx_for(any_env, tree.ws, tree.ws)
+    resolved = await resolve_for_write(ctx, "s2999/new.txt")  # the kernel says ELOOP
+    assert resolved.stat is None
+    assert resolved.path.startswith(str(tree.ws) + "/")
+    assert await check_write(ctx, "s2999/../../outside/x") is not None

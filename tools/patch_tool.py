@@ -95,7 +95,8 @@ PATCH_SCHEMA = {
             "patch": {
                 "type": "string",
                 "description": "patch mode: the whole patch, from '*** Begin Patch' to "
-                "'*** End Patch'. Paths in it are relative to the working directory.",
+                "'*** End Patch'. Paths in it are relative to the working directory and stay "
+                "inside it: a header with '..' or an absolute path elsewhere is refused.",
             },
         },
         "required": [],
@@ -639,6 +640,9 @@ async def _plan(operations: list[_Operation], ctx: ToolContext) -> list[_Change]
 
     for op in operations:
         try:
+            _require_inside_cwd(ctx, op.path)
+            if op.move_to is not None:
+                _require_inside_cwd(ctx, op.move_to)
             resolved = await _resolve(ctx, op.path)
             claim(resolved.path, op.path, op.patch_line)
             change = _Change(op.action, op.path, resolved.path)
@@ -669,6 +673,22 @@ async def _plan(operations: list[_Operation], ctx: ToolContext) -> list[_Change]
             refused=refused,
         )
     return changes
+
+
+def _require_inside_cwd(ctx: ToolContext, path: str) -> None:
+    """Refuse a patch header that leaves the working directory: any '..' component, or an
+    absolute (or ``~``) path outside it. Checked on the text, with or without a workspace
+    root: a patch is text a model may have copied from anywhere."""
+    cwd = posixpath.normpath(ctx.cwd)
+    full = posixpath.normpath(posixpath.join(cwd, ctx.expand_user(path)))
+    climbs = ".." in path.split("/")
+    if climbs or not (cwd == "/" or full == cwd or full.startswith(cwd.rstrip("/") + "/")):
+        why = "it has a '..' component" if climbs else f"it is {full}"
+        raise PatchError(
+            f"Refused: {why}, outside the working directory {cwd}. A patch header names "
+            "a file inside the working directory, relative to it and without '..'.",
+            refused=True,
+        )
 
 
 def _joined(lines: list[str]) -> str:

@@ -8,8 +8,10 @@ would create ``/etc/x``). The checks then look at the real path:
 
 - with a workspace root (``ctx.workspace_root``), reads and writes must stay inside it;
 - writes are always refused under the protected paths of :data:`PROTECTED_SYSTEM_DIRS`
-  and :data:`PROTECTED_HOME_ENTRIES`, to a container engine's socket, and to anything that
-  is not a regular file (a FIFO would block the write forever, a device would take it).
+  and :data:`PROTECTED_HOME_ENTRIES` (:mod:`~hermes_sandbox.tools.protected_paths`, the
+  list the terminal's approval check flags writes to as well), to a container engine's
+  socket, and to anything that is not a regular file (a FIFO would block the write
+  forever, a device would take it).
 
 The tools should then act on :attr:`ResolvedPath.path`, the path that was checked, not
 on the name they were given: checking one path and opening another is how symlink
@@ -30,81 +32,16 @@ from dataclasses import dataclass
 
 from hermes_sandbox.environments.base import FileStat, Runtime
 from hermes_sandbox.errors import PathRefused
+from hermes_sandbox.tools.protected_paths import (
+    ENGINE_SOCKET_SUFFIXES,
+    ENGINE_SOCKETS,
+    HOME_DIRS,
+    PROTECTED_HOME_ENTRIES,
+    PROTECTED_SYSTEM_DIRS,
+)
 from hermes_sandbox.tools.registry import ToolContext
 
 MAX_SYMLINK_HOPS = 40  # as Linux: a longer chain of dangling symlinks resolves no further
-
-# Never written by the file tools: the system's programs, libraries, configuration,
-# boot files, kernel interfaces and package databases.
-PROTECTED_SYSTEM_DIRS: tuple[str, ...] = (
-    "/etc",
-    "/boot",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/proc",
-    "/sys",
-    "/dev",
-    "/var/lib/dpkg",
-    "/var/lib/apt",
-    "/var/lib/rpm",
-    "/var/lib/dnf",
-    "/var/lib/yum",
-    "/var/lib/pacman",
-    "/var/lib/docker",
-    "/var/lib/containers",
-    "/var/lib/containerd",
-    "/var/spool/cron",
-    "/var/log",
-)
-
-# Never written below a home directory: credentials and keys, the shell's start-up
-# files (code there runs in every later shell) and this project's own configuration.
-PROTECTED_HOME_ENTRIES: tuple[str, ...] = (
-    ".ssh",
-    ".gnupg",
-    ".aws",
-    ".azure",
-    ".kube",
-    ".docker",
-    ".config/gcloud",
-    ".config/gh",
-    ".config/hermes-sandbox",
-    ".config/systemd",
-    ".config/autostart",
-    ".local/share/keyrings",
-    ".password-store",
-    ".netrc",
-    ".pgpass",
-    ".git-credentials",
-    ".npmrc",
-    ".pypirc",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".bash_logout",
-    ".profile",
-    ".zshrc",
-    ".zshenv",
-    ".zprofile",
-    ".zlogin",
-)
-
-# Home directories, as patterns of path components: "*" is any one component.
-HOME_DIRS: tuple[str, ...] = ("/root", "/home/*", "/Users/*")
-
-# A container engine's socket gives root on the host to whoever can write to it.
-ENGINE_SOCKETS: tuple[str, ...] = (
-    "/var/run/docker.sock",
-    "/run/docker.sock",
-    "/run/podman/podman.sock",
-    "/run/containerd/containerd.sock",
-)
-ENGINE_SOCKET_SUFFIXES: tuple[str, ...] = ("docker.sock", "podman.sock", "containerd.sock")
 
 _NOT_REGULAR = {
     "char_device": "a character device",
@@ -190,18 +127,39 @@ async def _resolve_missing(env: Runtime, absolute: str, error: OSError, hops: in
 
 
 async def _nearest_existing(env: Runtime, absolute: str) -> tuple[str, str]:
-    """(real path of the nearest existing ancestor, the rest of ``absolute`` below it)."""
-    head, rest = absolute, ""
-    while True:
-        parent, name = posixpath.split(head.rstrip("/") or "/")
-        if parent == head or not name:
-            return (await env.stat("/")).path, rest
-        rest = posixpath.join(name, rest) if rest else name
-        head = parent
+    """(real path of the nearest existing ancestor, the rest of ``absolute`` below it).
+
+    ``absolute`` itself is missing. An ancestor exists if a longer one does (the kernel
+    walks every prefix of a path to reach the next), so the nearest is found by galloping
+    up from the end (1, 2, 4... components) and then bisecting: O(log n) stat calls for n
+    components, where one call per component made resolution quadratic.
+    """
+    parts = [part for part in absolute.split("/") if part]
+
+    def prefix(count: int) -> str:
+        return "/" + "/".join(parts[:count])
+
+    missing, found, real, step = len(parts), 0, None, 1
+    while missing - step > 0:
         try:
-            return (await env.stat(head)).path, rest
+            real = (await env.stat(prefix(missing - step))).path
         except OSError:
+            missing -= step
+            step *= 2
             continue
+        found = missing - step
+        break
+    if real is None:
+        real = (await env.stat("/")).path
+    while missing - found > 1:
+        middle = (found + missing) // 2
+        try:
+            real = (await env.stat(prefix(middle))).path
+        except OSError:
+            missing = middle
+        else:
+            found = middle
+    return real, "/".join(parts[found:])
 
 
 async def _dangling_symlink_target(env: Runtime, path: str) -> str | None:
