@@ -30,7 +30,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused, FrameError, FrameTooLarge
-from hermes_sandbox.rpc.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, encode_frame
+from hermes_sandbox.rpc.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    HEADER_SIZE,
+    FrameSplitter,
+    encode_frame,
+)
 from hermes_sandbox.rpc.messages import Envelope, Request
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,8 @@ DEFAULT_MAX_CONNECTIONS = 64
 # Unfinished frames a run's connections may hold at once, in frames of the cap.
 BUFFERED_FRAMES = 4
 _RECEIVE_CHUNK = 256 * 1024
+# How long a connection refused for its framing is kept half-open to deliver the refusal.
+LINGER_SECONDS = 2.0
 Reply = dict[str, Any]
 
 
@@ -271,6 +278,9 @@ class RPCProtocol(asyncio.Protocol):
         self._pending_send, self._pending = anyio.create_memory_object_stream(float("inf"))
         self._lost = anyio.Event()
         self._admitted = False
+        # After a framing refusal: how many more bytes are read and dropped before the
+        # connection is closed, or None while it is served.
+        self._discard: int | None = None
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -285,6 +295,11 @@ class RPCProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._lost.is_set():
             return
+        if self._discard is not None:
+            self._discard -= len(data)
+            if self._discard <= 0:
+                self._finish()
+            return
         try:
             for item in self._reader.feed(data):
                 if isinstance(item, Request):
@@ -296,9 +311,24 @@ class RPCProtocol(asyncio.Protocol):
                 self._write(item)
         except FrameError as exc:
             self._write(self._server.framing_refusal(exc))
-            self._finish()
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after a refusal without losing it: closing a socket that still has
+        unread input resets it, and the peer, still sending the refused frame, would get
+        ECONNRESET instead of the reply. So end our side, read and drop a bounded amount
+        (what the refused frame may still send) for at most LINGER_SECONDS, then close."""
+        assert self._transport is not None
+        self._reader.close()
+        self._discard = self._server.max_frame_size + HEADER_SIZE
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, self._finish)
 
     def eof_received(self) -> bool:
+        if self._discard is not None:
+            self._finish()
+            return False
         # The peer may have shut only its writing side: answer what is in flight.
         self._pending_send.close()
         return True
