@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from hermes_sandbox.childenv import scrub_environment
+from hermes_sandbox.childenv import scrub_environment, timezone_setting
 from hermes_sandbox.environments import (
     BackendError,
     BackendSettings,
@@ -264,10 +264,13 @@ def _make_environment(
 ) -> tuple[Environment, dict[str, str]]:
     """The run's environment, and the variables its scripts start from: a backend that
     shares the host starts from the host's scrubbed environment, any other from only
-    what the caller passed (the host's PATH or HOME mean nothing in a container)."""
+    what the caller passed (the host's PATH or HOME mean nothing in a container); every
+    one gets the agent's time zone as TZ."""
     cls = get_environment_class(options.backend_name)
     settings = options.backend_settings()
-    base_env = scrub_environment(os.environ if cls.shares_host else {}, explicit_env)
+    base_env = scrub_environment(
+        os.environ if cls.shares_host else {}, explicit_env, timezone=timezone_setting(os.environ)
+    )
     environment = cls.for_run(
         settings,
         env=base_env,
