@@ -39,6 +39,7 @@ from hermes_sandbox.output import (
     CappedOutput,
     default_spill_dir,
 )
+from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
@@ -411,8 +412,8 @@ def _shape_result(
     lost: str | None = None,
     cleanup_problem: str | None = None,
 ) -> ExecutionResult:
-    output = stdout.text()
-    stderr_text = stderr.text()
+    output = clean_for_model(stdout.text())
+    stderr_text = clean_for_model(stderr.text())
     if stderr_text:
         output = (
             f"{output}\n--- stderr ---\n{stderr_text}"
