@@ -5,6 +5,9 @@ locale family ``LC_*``, and contains none of the secret markers; anything else r
 the script only when the caller passes it explicitly. Exact names, not prefixes: a
 prefix let ``USER_PASS``, ``USERDB_URL``, ``HOMEASSISTANT_PIN`` and
 ``XDG_SESSION_COOKIE`` through.
+
+The agent's own time zone setting, ``HERMES_TIMEZONE``, reaches the script as ``TZ``
+(see :func:`timezone_setting`), so the script's clock reads as the agent's does.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ PASSTHROUGH_NAMES = frozenset(
         "CONDA_EXE",
         "CONDA_PYTHON_EXE",
         "CONDA_SHLVL",
+        # where the agent keeps its state and which profile it runs: modules a script
+        # imports from the agent read them to find their files
+        "HERMES_HOME",
+        "HERMES_PROFILE",
+        "HERMES_CONFIG",
+        "HERMES_ENV",
     }
 )
 # The locale family: LC_ALL, LC_CTYPE, LC_TIME... (and ssh's habit of forwarding LC_*).
@@ -74,6 +83,13 @@ SCRIPT_DEFAULTS = {
 }
 # Variables of the runtime itself, never inherited from an enclosing run.
 RUNTIME_PREFIXES = ("HERMES_RPC_", "HERMES_SANDBOX_")
+# The agent's time zone (an IANA name such as "Europe/Berlin"); the script gets it as TZ.
+TIMEZONE_SETTING = "HERMES_TIMEZONE"
+
+
+def timezone_setting(host_env: Mapping[str, str]) -> str | None:
+    """The time zone ``HERMES_TIMEZONE`` names in ``host_env``, or None when unset or blank."""
+    return host_env.get(TIMEZONE_SETTING, "").strip() or None
 
 
 def is_secret_name(name: str) -> bool:
@@ -82,10 +98,14 @@ def is_secret_name(name: str) -> bool:
 
 
 def scrub_environment(
-    host_env: Mapping[str, str], explicit: Mapping[str, str] | None = None
+    host_env: Mapping[str, str],
+    explicit: Mapping[str, str] | None = None,
+    *,
+    timezone: str | None = None,
 ) -> dict[str, str]:
-    """The base environment for a script: allowlisted host variables, then the
-    caller's ``explicit`` ones (which pass as given), then the script defaults."""
+    """The base environment for a script: allowlisted host variables, then ``TZ`` set to
+    ``timezone`` when given (it overrides the host's TZ), then the caller's ``explicit``
+    ones (which pass as given), then the script defaults."""
     env = {
         name: value
         for name, value in host_env.items()
@@ -93,6 +113,8 @@ def scrub_environment(
         and not is_secret_name(name)
         and not name.startswith(RUNTIME_PREFIXES)
     }
+    if timezone:
+        env["TZ"] = timezone
     if explicit:
         env.update(explicit)
     env.update(SCRIPT_DEFAULTS)

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from hermes_sandbox.childenv import scrub_environment
+from hermes_sandbox.childenv import scrub_environment, timezone_setting
 from hermes_sandbox.environments import (
     BackendError,
     BackendSettings,
@@ -39,6 +39,7 @@ from hermes_sandbox.output import (
     CappedOutput,
     default_spill_dir,
 )
+from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
@@ -264,10 +265,13 @@ def _make_environment(
 ) -> tuple[Environment, dict[str, str]]:
     """The run's environment, and the variables its scripts start from: a backend that
     shares the host starts from the host's scrubbed environment, any other from only
-    what the caller passed (the host's PATH or HOME mean nothing in a container)."""
+    what the caller passed (the host's PATH or HOME mean nothing in a container); every
+    one gets the agent's time zone as TZ."""
     cls = get_environment_class(options.backend_name)
     settings = options.backend_settings()
-    base_env = scrub_environment(os.environ if cls.shares_host else {}, explicit_env)
+    base_env = scrub_environment(
+        os.environ if cls.shares_host else {}, explicit_env, timezone=timezone_setting(os.environ)
+    )
     environment = cls.for_run(
         settings,
         env=base_env,
@@ -408,8 +412,8 @@ def _shape_result(
     lost: str | None = None,
     cleanup_problem: str | None = None,
 ) -> ExecutionResult:
-    output = stdout.text()
-    stderr_text = stderr.text()
+    output = clean_for_model(stdout.text())
+    stderr_text = clean_for_model(stderr.text())
     if stderr_text:
         output = (
             f"{output}\n--- stderr ---\n{stderr_text}"

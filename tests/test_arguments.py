@@ -178,6 +178,31 @@ def test_null_for_an_optional_field_means_not_given():
     ]
 
 
+def test_null_text_for_an_optional_array_is_dropped_not_wrapped():
+    args = ToolArguments(
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "paths": {"type": "array", "items": {"type": "string"}},
+                "maybe": {"type": ["array", "null"], "items": {"type": "string"}},
+                "names": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["names"],
+        }
+    )
+    # optional, null not allowed: "null" in any case means "not given", as None does
+    assert args.coerce({"names": [], "paths": "null"}) == {"names": []}
+    assert args.coerce({"names": [], "paths": " NULL "}) == {"names": []}
+    assert args.coerce({"names": [], "paths": None}) == {"names": []}
+    # null allowed: "null" is None; a required array still wraps the bare value
+    assert args.coerce({"names": [], "maybe": "null"}) == {"names": [], "maybe": None}
+    assert args.coerce({"names": "null"}) == {"names": ["null"]}
+    # other bare text is still wrapped, and JSON text still parsed
+    assert args.coerce({"names": [], "paths": "a.txt"}) == {"names": [], "paths": ["a.txt"]}
+    assert args.coerce({"names": [], "paths": '["a", "b"]'}) == {"names": [], "paths": ["a", "b"]}
+
+
 def test_any_of_branches_that_refer_elsewhere_are_fitted_exactly():
     args = ToolArguments(
         {

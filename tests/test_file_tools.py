@@ -241,8 +241,24 @@ async def test_write_creates_parent_directories(ctx: ToolContext, ws: Path) -> N
         "status": "ok",
         "path": str(ws / "a/b/c/new.txt"),
         "bytes_written": len("héllo\n".encode()),
+        "dirs_created": True,
     }
     assert (ws / "a/b/c/new.txt").read_text() == "héllo\n"
+
+
+@pytest.mark.anyio
+async def test_dirs_created_only_when_a_parent_was_missing(ctx: ToolContext, ws: Path) -> None:
+    (ws / "there").mkdir()
+    assert (await call(ctx, "write_file", path="there/new.txt", content="x"))[
+        "dirs_created"
+    ] is False
+    assert (await call(ctx, "write_file", path="top.txt", content="x"))["dirs_created"] is False
+    assert (await call(ctx, "write_file", path="there/new.txt", content="y"))[
+        "dirs_created"
+    ] is False  # an existing file
+    assert (await call(ctx, "write_file", path="there/sub/new.txt", content="x"))[
+        "dirs_created"
+    ] is True
 
 
 @pytest.mark.anyio

@@ -157,6 +157,47 @@ def test_registering_again_forgets_the_cached_answer():
     assert not reg.is_available("echo")
 
 
+def test_a_check_fn_shared_by_several_tools_runs_once_per_definitions_pass():
+    clock = FakeClock()
+    reg = ToolRegistry(clock=clock)
+    calls = []
+
+    def shared():
+        calls.append(clock.now)
+        return True
+
+    def other():
+        calls.append("other")
+        return False
+
+    for name in ("one", "two", "three"):
+        reg.register(name, "test", {**SCHEMA, "name": name}, Recorder(), check_fn=shared)
+    reg.register("four", "test", {**SCHEMA, "name": "four"}, Recorder(), check_fn=other)
+    names = [d["function"]["name"] for d in reg.get_definitions()]
+    assert names == ["one", "three", "two"]
+    assert sorted(calls, key=str) == [1000.0, "other"]
+    # the answer is kept by the function: asking about another tool of it runs nothing
+    assert reg.is_available("two") and len(calls) == 2
+    # once the kept answer is stale, the next pass runs the shared check once again
+    clock.now += CHECK_TTL_SECONDS + 1
+    assert len(reg.get_definitions(["one", "two", "three"])) == 3
+    assert calls[2:] == [clock.now]
+
+
+def test_the_registered_name_wins_over_the_schemas_name():
+    reg = ToolRegistry()
+    reg.register("t", "test", {**SCHEMA, "name": "other"}, Recorder())
+    assert reg.get("t").schema["function"]["name"] == "t"
+    assert [d["function"]["name"] for d in reg.get_definitions()] == ["t"]
+    assert result(reg.dispatch("t", {"path": "a"})) == {"path": "a"}
+    assert "other" not in reg
+    # the wrapped OpenAI form too, and the caller's schema is left as it was
+    wrapped = {"type": "function", "function": {**SCHEMA, "name": "other"}}
+    reg.register("w", "test", wrapped, Recorder())
+    assert reg.get("w").schema["function"]["name"] == "w"
+    assert wrapped["function"]["name"] == "other"
+
+
 # -------------------------------------------------------------- arguments in dispatch
 
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from conftest import RAW_ASK
 
-from hermes_sandbox.childenv import SCRIPT_DEFAULTS, scrub_environment
+from hermes_sandbox.childenv import SCRIPT_DEFAULTS, scrub_environment, timezone_setting
 
 SECRET_NAMES = (
     "OPENAI_API_KEY",
@@ -89,6 +89,50 @@ def test_only_exact_names_and_the_locale_family_pass_the_scrubber():
     assert {name for name in env if name not in SCRIPT_DEFAULTS} == set(allowed)
     # the lower-case spelling of an allowed name is another variable
     assert scrub_environment({"path": "x", "Home": "y"}) == SCRIPT_DEFAULTS
+
+
+def test_the_agents_time_zone_becomes_tz_and_its_locations_pass(run, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.setenv("HERMES_TIMEZONE", "  Asia/Kolkata ")
+    monkeypatch.setenv("HERMES_HOME", "/srv/hermes-home")
+    monkeypatch.setenv("HERMES_PROFILE", "work")
+    monkeypatch.setenv("HERMES_BASE_URL", "http://not-for-scripts")
+    result = run(
+        """
+        import json, os, time
+        from hermes_tools import terminal
+        shell = terminal("date +%z; echo $TZ")["output"].split()
+        print(json.dumps({"env": dict(os.environ), "offset": time.strftime("%z"),
+                          "shell": shell}))
+        """
+    )
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    assert seen["env"]["TZ"] == "Asia/Kolkata"
+    assert seen["offset"] == "+0530" and seen["shell"] == ["+0530", "Asia/Kolkata"]
+    assert "HERMES_TIMEZONE" not in seen["env"]
+    assert seen["env"]["HERMES_HOME"] == "/srv/hermes-home"
+    assert seen["env"]["HERMES_PROFILE"] == "work"
+    assert "HERMES_BASE_URL" not in seen["env"]
+
+
+def test_the_time_zone_and_hermes_locations_in_the_scrubber():
+    host = {"TZ": "UTC", "HERMES_HOME": "/h", "HERMES_PROFILE": "p", "HERMES_TIMEZONE": "X"}
+    host |= {"HERMES_CONFIG": "/h/c.yaml", "HERMES_ENV": "/h/.env", "HERMES_KANBAN_DB": "db"}
+    env = scrub_environment(host, timezone=timezone_setting(host))
+    assert {k: v for k, v in env.items() if k not in SCRIPT_DEFAULTS} == {
+        "TZ": "X",
+        "HERMES_HOME": "/h",
+        "HERMES_PROFILE": "p",
+        "HERMES_CONFIG": "/h/c.yaml",
+        "HERMES_ENV": "/h/.env",
+    }
+    # unset or blank: the host's TZ stays; the caller's explicit TZ wins over the setting
+    assert timezone_setting({"HERMES_TIMEZONE": "  "}) is None
+    assert scrub_environment({"TZ": "UTC"}, timezone=None)["TZ"] == "UTC"
+    assert scrub_environment({}, {"TZ": "Europe/Paris"}, timezone="X")["TZ"] == "Europe/Paris"
+    # a container starts from nothing of the host's, but gets the time zone
+    assert scrub_environment({}, timezone="Asia/Tokyo")["TZ"] == "Asia/Tokyo"
 
 
 def test_explicit_env_passes(run, host_secrets):

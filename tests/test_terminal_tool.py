@@ -499,9 +499,39 @@ async def test_timeout_kills_the_command_and_what_it_started(
     assert anyio.current_time() - started < 10
     assert result["exit_code"] == 124
     assert "timed out after 1s" in result["error"]
+    assert result["output"] == "[Command timed out after 1s]"
     for name in ("shell.pid", "child.pid"):
         pid = int((tmp_path / name).read_text())
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.anyio
+async def test_a_timed_out_command_says_so_after_its_partial_output(
+    env: LocalEnvironment, tmp_path: Path
+) -> None:
+    result = await terminal(context(env, tmp_path), "echo started; sleep 30", timeout=1)
+    assert result["exit_code"] == 124
+    assert result["output"] == "started\n\n[Command timed out after 1s]"
+
+
+@pytest.mark.anyio
+async def test_code_instead_of_command_points_to_execute_code(
+    env: LocalEnvironment, tmp_path: Path
+) -> None:
+    ctx = context(env, tmp_path)
+    reply = json.loads(await registry.adispatch("terminal", {"code": "open('made', 'w')"}, ctx))
+    assert "execute_code" in reply["error"] and "command" in reply["error"]
+    assert not (tmp_path / "made").exists()
+    # with a command as well, the command runs
+    assert (await terminal(ctx, "echo hi", code="print(1)"))["output"] == "hi\n"
+    # no command at all, and bad arguments, still get their own advice
+    empty = json.loads(await registry.adispatch("terminal", {}, ctx))
+    assert empty == {"error": "terminal needs a command (a non-empty string)"}
+    for timeout in (1.5, "abc", True):
+        reply = await terminal(ctx, "echo hi", timeout=timeout)
+        assert reply["error"].startswith("timeout must be a whole number of seconds")
+    assert (await terminal(ctx, "echo hi", timeout="2"))["output"] == "hi\n"  # coerced
+    assert "workdir must be a path" in (await terminal(ctx, "echo hi", workdir=5))["error"]
 
 
 @pytest.mark.anyio

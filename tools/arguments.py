@@ -376,6 +376,13 @@ def _from_text(text: str, target: str) -> Any:
     return _MISSING
 
 
+def _is_null(value: Any, takes_text: bool) -> bool:
+    """Whether ``value`` is a null: None, or "null"/"none" where text would not be valid."""
+    if value is None:
+        return True
+    return not takes_text and isinstance(value, str) and value.strip().lower() in _NULL_TEXT
+
+
 class _CoercerBuilder:
     """Compiles a schema into a coercion function; follows local ``$ref``s.
 
@@ -545,15 +552,10 @@ class _CoercerBuilder:
                     new = extra(item)
                 else:
                     convert, drop_null, takes_text = spec
-                    new = convert(item)
-                    if drop_null and (
-                        new is None
-                        or (
-                            not takes_text
-                            and isinstance(new, str)
-                            and new.strip().lower() in _NULL_TEXT
-                        )
-                    ):
+                    # Judged on the value as sent too: converting first would turn the
+                    # text "null" for an array into ["null"].
+                    new = item if drop_null and _is_null(item, takes_text) else convert(item)
+                    if drop_null and _is_null(new, takes_text):
                         if out is None:
                             out = dict(value)
                         del out[key]

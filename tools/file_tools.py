@@ -9,6 +9,7 @@ of protected system paths. The tools then act on the resolved path they checked.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from hermes_sandbox.tools.handler_args import int_arg
@@ -55,7 +56,8 @@ WRITE_FILE_SCHEMA = {
     "name": "write_file",
     "description": (
         "Write text to a file, replacing it if it exists and creating missing parent "
-        "directories. Returns {status, path, bytes_written}."
+        "directories. Returns {status, path, bytes_written, dirs_created}; dirs_created is "
+        "true when the write made a missing parent directory."
     ),
     "parameters": {
         "type": "object",
@@ -167,13 +169,27 @@ async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
     if resolved.stat is not None and resolved.stat.kind == "directory":
         return tool_error(f"{path} is a directory; give a file path")
     data = content.encode("utf-8")
+    # A file that exists has its parent; only a new file costs a second stat.
+    dirs_created = resolved.stat is None and not await _exists(
+        ctx, posixpath.dirname(resolved.path)
+    )
     try:
         await ctx.environment.write_bytes(resolved.path, data, make_parents=True)
     except IsADirectoryError:
         return tool_error(f"{path} is a directory; give a file path")
     except OSError as exc:
         return tool_error(f"Cannot write {path}: {exc.strerror or exc}")
-    return tool_result(status="ok", path=resolved.path, bytes_written=len(data))
+    return tool_result(
+        status="ok", path=resolved.path, bytes_written=len(data), dirs_created=dirs_created
+    )
+
+
+async def _exists(ctx: ToolContext, path: str) -> bool:
+    try:
+        await ctx.environment.stat(path)
+    except OSError:
+        return False
+    return True
 
 
 def _split_lines(text: str) -> list[str]:

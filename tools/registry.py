@@ -126,11 +126,13 @@ def tool_result(data: Any = None, **fields: Any) -> str:
 
 
 def _normalise_schema(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    """Accept a bare function schema or the OpenAI ``{"type": "function", ...}`` wrapper."""
+    """Accept a bare function schema or the OpenAI ``{"type": "function", ...}`` wrapper.
+
+    The registered name wins over a ``name`` inside the schema: the stored schema is
+    named as the tool is dispatched, so a model never sees a name that cannot be called.
+    """
     function = dict(schema.get("function", schema))
-    function.setdefault("name", name)
-    if function["name"] != name:
-        raise ValueError(f"schema names {function['name']!r}, but the tool is {name!r}")
+    function["name"] = name
     if description and not function.get("description"):
         function["description"] = description
     function.setdefault("parameters", {"type": "object", "properties": {}})
@@ -159,7 +161,8 @@ class ToolRegistry:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._tools: dict[str, ToolEntry] = {}
         self._lock = threading.RLock()
-        self._checks: dict[str, tuple[float, bool]] = {}
+        # Kept by check_fn, not by tool: tools sharing one check run it once.
+        self._checks: dict[Callable[[], bool], tuple[float, bool]] = {}
         self._clock = clock
         self.generation = 0  # bumped on every change; caches key on it
 
@@ -222,16 +225,21 @@ class ToolRegistry:
                     f"tool {name!r} is already registered by toolset {existing.toolset!r}; "
                     "pass override=True to replace it"
                 )
+            if existing is not None and existing.check_fn is not None:
+                self._checks.pop(existing.check_fn, None)
+            if check_fn is not None:
+                self._checks.pop(check_fn, None)
             self._tools[name] = entry
-            self._checks.pop(name, None)
             self.generation += 1
         return entry
 
     def deregister(self, name: str) -> bool:
         """Remove a tool; return whether it was there."""
         with self._lock:
-            removed = self._tools.pop(name, None) is not None
-            self._checks.pop(name, None)
+            entry = self._tools.pop(name, None)
+            removed = entry is not None
+            if entry is not None and entry.check_fn is not None:
+                self._checks.pop(entry.check_fn, None)
             if removed:
                 self.generation += 1
             return removed
@@ -255,30 +263,51 @@ class ToolRegistry:
     def is_available(self, name: str) -> bool:
         """Whether the tool exists and its check_fn passes.
 
-        A check_fn's answer is kept for CHECK_TTL_SECONDS; one that raises means
-        unavailable. Registering the tool again forgets the kept answer.
+        A check_fn's answer is kept for CHECK_TTL_SECONDS, by the function, so tools that
+        share one check run it once; one that raises means unavailable. Registering or
+        removing a tool forgets the kept answer of its check.
         """
         entry = self._tools.get(name)
         if entry is None:
             return False
-        if entry.check_fn is None:
+        return self._check(entry, {})
+
+    def _check(self, entry: ToolEntry, seen: dict[Callable[[], bool], bool]) -> bool:
+        """``entry``'s check_fn answer; ``seen`` holds the answers of this one pass."""
+        check = entry.check_fn
+        if check is None:
             return True
+        if check in seen:
+            return seen[check]
         now = self._clock()
-        cached = self._checks.get(name)
+        cached = self._checks.get(check)
         if cached is not None and now - cached[0] < CHECK_TTL_SECONDS:
-            return cached[1]
-        try:
-            ok = bool(entry.check_fn())
-        except Exception:
-            log.debug("check_fn of %s raised; treating it as unavailable", name, exc_info=True)
-            ok = False
-        self._checks[name] = (now, ok)
+            ok = cached[1]
+        else:
+            try:
+                ok = bool(check())
+            except Exception:
+                log.debug(
+                    "check_fn of %s raised; treating it as unavailable", entry.name, exc_info=True
+                )
+                ok = False
+            self._checks[check] = (now, ok)
+        seen[check] = ok
         return ok
 
     def get_definitions(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """OpenAI-format schemas of the available tools among ``names`` (default: all)."""
+        """OpenAI-format schemas of the available tools among ``names`` (default: all).
+
+        Each distinct check_fn runs at most once per call, however many tools share it.
+        """
         wanted = self.names() if names is None else list(dict.fromkeys(names))
-        return [self._tools[n].schema for n in wanted if n in self._tools and self.is_available(n)]
+        seen: dict[Callable[[], bool], bool] = {}
+        definitions = []
+        for name in wanted:
+            entry = self._tools.get(name)
+            if entry is not None and self._check(entry, seen):
+                definitions.append(entry.schema)
+        return definitions
 
     def _prepare(self, entry: ToolEntry, args: Any) -> tuple[dict[str, Any], str | None]:
         """The arguments to call the handler with, or an error result instead."""

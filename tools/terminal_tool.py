@@ -25,7 +25,9 @@ TERMINAL_SCHEMA = {
     "description": (
         "Run a shell command in the foreground and wait for it. Returns {output, exit_code}: "
         "output is stdout and stderr together, its middle cut out past 50,000 characters. "
-        "A command still running after timeout seconds is killed (exit_code 124). "
+        "A command still running after timeout seconds is killed (exit_code 124, and "
+        "output ends with [Command timed out after Ns]). To run Python code, use "
+        "execute_code, not this tool. "
         "Dangerous commands (recursive deletes of broad paths, writes to disks or /etc, "
         "piping downloads into a shell, stopping services...) need a human's approval: "
         'without it the result is {"error": ..., "approval_required": true}.'
@@ -52,17 +54,25 @@ TERMINAL_SCHEMA = {
 
 
 async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
+    # Registered with validate_args=False: the arguments are coerced but checked here, so
+    # a call that meant execute_code gets advice instead of "command: required".
     command = args.get("command")
+    if command is None and "code" in args:
+        return tool_error(
+            "terminal runs shell commands and takes command=...; it got code=..., which "
+            "is execute_code's argument. To run Python code, call the execute_code tool; "
+            "to run a shell command, pass it as command."
+        )
     if not isinstance(command, str) or not command.strip():
         return tool_error("terminal needs a command (a non-empty string)")
     timeout = args.get("timeout", DEFAULT_TIMEOUT)
-    try:
-        timeout = int(timeout)
-    except (TypeError, ValueError):
+    if not isinstance(timeout, int) or isinstance(timeout, bool):
         return tool_error(f"timeout must be a whole number of seconds, got {timeout!r}")
     if not 1 <= timeout <= MAX_TIMEOUT:
-        return tool_error(f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+        return tool_error(f"timeout must be between 1 and {MAX_TIMEOUT} seconds, got {timeout}")
     workdir = args.get("workdir")
+    if workdir is not None and not isinstance(workdir, str):
+        return tool_error(f"workdir must be a path (a string), got {workdir!r}")
     cwd = ctx.resolve(workdir) if isinstance(workdir, str) and workdir else ctx.cwd
     try:
         info = await ctx.environment.stat(cwd)
@@ -75,10 +85,13 @@ async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
     if refusal is not None:
         return tool_error(refusal, approval_required=True)
     done = await ctx.environment.execute(command, timeout=timeout, cwd=cwd)
-    result: dict[str, Any] = {
-        "output": cut_middle(done.output, MAX_OUTPUT_CHARS),
-        "exit_code": done.exit_code,
-    }
+    output = cut_middle(done.output, MAX_OUTPUT_CHARS)
+    if done.timed_out:
+        # Said in output too: a model that reads only output must not take a killed
+        # command's partial output for its whole output.
+        notice = f"[Command timed out after {timeout}s]"
+        output = f"{output}\n{notice}" if output else notice
+    result: dict[str, Any] = {"output": output, "exit_code": done.exit_code}
     if done.timed_out:
         result["error"] = f"Command timed out after {timeout}s and was killed"
     return tool_result(result)
@@ -90,4 +103,5 @@ registry.register(
     schema=TERMINAL_SCHEMA,
     handler=terminal,
     emoji="💻",
+    validate_args=False,
 )
