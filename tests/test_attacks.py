@@ -501,3 +501,73 @@ def test_many_large_request_files_are_taken_a_capped_batch_at_a_time(
     assert result.status == "success", result.output
     assert _lines(result) == ["['unauthorized']"], result.output
     assert host.growth_mib < 60, f"host RSS grew {host.growth_mib:.0f} MiB"
+
+
+# -- 5. worker threads -------------------------------------------------------------------
+
+LOCAL_TARGETS = [t for t in TARGETS if t[0] == "local"]
+
+# Script code: 8 files, each swapped for a named pipe and back as fast as the script can,
+# while 64 threads call a file tool on them. The tool checks that its path is a regular
+# file and then opens it; a pipe swapped in between blocks a plain open() until its
+# other end is opened, which here is never, so each such call kept a host worker thread.
+FIFO_RACE = """
+import threading
+import hermes_tools
+
+def swap_forever(path, tag):
+    i = 0
+    while True:
+        i += 1
+        spare = os.path.join(RACE, ".%s-%d" % (tag, i))
+        with open(spare, "w") as f:
+            f.write("text\\n")
+        os.rename(spare, path)
+        os.mkfifo(spare)
+        os.rename(spare, path)
+
+def call_forever(tool, path):
+    while True:
+        try:
+            tool(path)
+        except Exception:
+            pass
+
+paths = [os.path.join(RACE, "f%d.txt" % i) for i in range(8)]
+for n, path in enumerate(paths):
+    with open(path, "w") as f:
+        f.write("text\\n")
+    threading.Thread(target=swap_forever, args=(path, n), daemon=True).start()
+for path in paths * 8:
+    threading.Thread(target=call_forever, args=(TOOL, path), daemon=True).start()
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tool", ["read_file", "write_file"])
+@pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_a_file_swapped_for_a_fifo_does_not_starve_the_kill(
+    target: tuple[str, str], tool: str, tmp_path: Path
+) -> None:
+    """read_file or write_file racing a file swapped for a FIFO once wedged all 40 of
+    anyio's default worker threads in open(); the kill needs that pool, so the run's
+    4 s timeout was not enforced after 60 s. Now the open never blocks, and tool file
+    I/O runs on its own threads."""
+    race = tmp_path / "race"
+    race.mkdir()
+    call = (
+        "hermes_tools.read_file"
+        if tool == "read_file"
+        else ("lambda p: hermes_tools.write_file(p, 'x')")
+    )
+    started = time.monotonic()
+    result = runner(target, tmp_path)(
+        f"RACE = {str(race)!r}\nTOOL = None\n"
+        + FIFO_RACE.replace("(TOOL, path)", f"({call}, path)"),
+        timeout=4.0,
+        tools=["read_file", "write_file"],
+    )
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout", result.output
+    assert elapsed < 15, f"a 4 s timeout took {elapsed:.1f} s to enforce"
