@@ -267,8 +267,9 @@ class LocalEnvironment(Environment, Runtime):
         return tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
 
     async def remove_tree(self, path: str) -> None:
+        # The run's own cleanup, not a tool's: on the kill's threads, which tools never hold.
         await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(path, ignore_errors=True), limiter=tool_limiter()
+            lambda: shutil.rmtree(path, ignore_errors=True), limiter=kill_limiter()
         )
 
 

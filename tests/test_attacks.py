@@ -571,3 +571,68 @@ def test_a_file_swapped_for_a_fifo_does_not_starve_the_kill(
     elapsed = time.monotonic() - started
     assert result.status == "timeout", result.output
     assert elapsed < 15, f"a 4 s timeout took {elapsed:.1f} s to enforce"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", LOCAL_TARGETS[:1], indirect=True, ids=lambda t: "-".join(t))
+def test_tools_that_block_do_not_hold_the_threads_the_kill_needs(
+    target: tuple[str, str], tmp_path: Path
+) -> None:
+    """A sync tool that blocks (here: for 12 s) holds a worker thread. 60 of them at once
+    once held all 40 of anyio's default threads, the ones the kill needs, so the script
+    outlived its 3 s timeout until the tools let go. Now tools run on their own limiter
+    (TOOL_THREADS), and the script is killed on time. (The run itself still returns
+    only when the tool calls already running have returned.)"""
+    from hermes_sandbox.threads import TOOL_THREADS
+    from hermes_sandbox.tools.registry import ToolRegistry
+
+    release = threading.Event()
+    registry = ToolRegistry()
+    schema = {"name": "hold", "description": "Block.", "parameters": {"type": "object"}}
+
+    def hold(args: dict[str, Any]) -> str:
+        release.wait(30)
+        return "{}"
+
+    registry.register("hold", "test", schema, hold)
+    pid_file = tmp_path / "pid"
+    died: list[float] = []
+
+    def watch() -> None:
+        while not pid_file.exists() or not pid_file.read_text().endswith("\n"):
+            time.sleep(0.01)
+        script = psutil.Process(int(pid_file.read_text()))
+        while script.is_running() and script.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        died.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    letting_go = threading.Timer(12.0, release.set)
+    letting_go.start()
+    started = time.monotonic()
+    try:
+        result = runner(target, tmp_path)(
+            f"""
+            import threading
+            import hermes_tools
+            with open({str(pid_file)!r}, "w") as f:
+                f.write("%d\\n" % os.getpid())
+            for _ in range(60):
+                threading.Thread(target=hermes_tools.hold, daemon=True).start()
+            time.sleep(60)
+            """,
+            timeout=3.0,
+            tools=["hold"],
+            registry=registry,
+        )
+    finally:
+        release.set()
+        letting_go.cancel()
+    watcher.join(10)
+    assert result.status == "timeout", result.output
+    assert died, "the script never died"
+    assert died[0] - started < 9, (
+        f"the script outlived its 3 s timeout by {died[0] - started:.1f} s"
+    )
+    assert TOOL_THREADS < 40
