@@ -40,6 +40,7 @@ from hermes_sandbox.environments.base import (
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import EnvironmentFailure
 from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.threads import kill_limiter, tool_limiter
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
 _DRAIN_SECONDS = 1.0
@@ -133,7 +134,10 @@ class LocalEnvironment(Environment, Runtime):
         marker = self._marker_entry
         with anyio.CancelScope(shield=True):  # a cancelled caller must not leave strays
             await anyio.to_thread.run_sync(
-                kill_processes, lambda: _pids_with_environ(marker), self.kill_grace
+                kill_processes,
+                lambda: _pids_with_environ(marker),
+                self.kill_grace,
+                limiter=kill_limiter(),
             )
 
     def _child_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -234,14 +238,16 @@ class LocalEnvironment(Environment, Runtime):
             st = os.stat(real)
             return FileStat(real, _kind(st.st_mode), st.st_size)
 
-        return await anyio.to_thread.run_sync(_stat)
+        return await anyio.to_thread.run_sync(_stat, limiter=tool_limiter())
 
     async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a regular file (a pipe, socket or device is refused with OSError)."""
+
         def _read() -> bytes:
-            with open(path, "rb") as f:
+            with os.fdopen(_open_regular(path, os.O_RDONLY), "rb") as f:
                 return f.read() if max_bytes is None else f.read(max_bytes)
 
-        return await anyio.to_thread.run_sync(_read)
+        return await anyio.to_thread.run_sync(_read, limiter=tool_limiter())
 
     async def write_bytes(
         self, path: str, data: bytes, *, make_parents: bool = True, mode: int | None = None
@@ -249,18 +255,22 @@ class LocalEnvironment(Environment, Runtime):
         def _write() -> None:
             if make_parents:
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "wb") as f:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            with os.fdopen(_open_regular(path, flags), "wb") as f:
                 f.write(data)
             if mode is not None:
                 os.chmod(path, mode)
 
-        await anyio.to_thread.run_sync(_write)
+        await anyio.to_thread.run_sync(_write, limiter=tool_limiter())
 
     async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
         return tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
 
     async def remove_tree(self, path: str) -> None:
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
+        # The run's own cleanup, not a tool's: on the kill's threads, which tools never hold.
+        await anyio.to_thread.run_sync(
+            lambda: shutil.rmtree(path, ignore_errors=True), limiter=kill_limiter()
+        )
 
 
 class LocalProcess(SandboxProcess):
@@ -296,7 +306,7 @@ class LocalProcess(SandboxProcess):
                 found &= _pids_with_environ(self._marker, among=found)
             return found
 
-        await anyio.to_thread.run_sync(kill_processes, members, grace)
+        await anyio.to_thread.run_sync(kill_processes, members, grace, limiter=kill_limiter())
         if self._process.returncode is None:
             with anyio.move_on_after(5):
                 await self._process.wait()
@@ -378,6 +388,45 @@ def _kind(mode: int) -> FileKind:
     if stat_module.S_ISSOCK(mode):
         return "socket"
     return "other"
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """Open ``path`` without ever blocking in open(), and only if it is a regular file.
+
+    A named pipe blocks a plain open() until its other end is opened, which may be never:
+    the file tools check a path's kind first, but a script can swap a file for a pipe
+    between that check and this open. O_NONBLOCK makes the open return at once (or fail
+    with ENXIO for a pipe with no reader, opened for writing); the descriptor is then
+    checked with fstat and made blocking again for the read or write itself. Raises
+    OSError, with a strerror that says what the path is, for anything but a regular file.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(
+                errno.ENXIO, _NOT_REGULAR.format("a named pipe or a device"), path
+            ) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat_module.S_ISREG(mode) and not stat_module.S_ISDIR(mode):
+            what = _SPECIAL_NAMES.get(_kind(mode), "not a regular file")
+            raise OSError(errno.EINVAL, _NOT_REGULAR.format(what), path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_NOT_REGULAR = "it is {}; the file tools read and write regular files only"
+_SPECIAL_NAMES = {
+    "fifo": "a named pipe",
+    "socket": "a socket",
+    "char_device": "a character device",
+    "block_device": "a block device",
+}
 
 
 # -- finding and killing processes ---------------------------------------------------

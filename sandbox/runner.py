@@ -440,10 +440,10 @@ def _shape_result(
         if last:
             error += f": {last}"
         hint = failure_hint(stderr_text, tools)
-    buffer = stdout.buffer
-    captured = min(buffer.total, buffer.limit)
+    total = stdout.buffer.total
+    captured = stdout.shown_bytes
     warning = None
-    if buffer.truncated:
+    if stdout.truncated:
         warning = (
             "stdout was truncated: the script did run, but only the head and tail of its "
             "output are shown."
@@ -465,10 +465,10 @@ def _shape_result(
         tool_calls_made=calls,
         duration_seconds=round(duration, 3),
         error=error,
-        stdout_truncated=buffer.truncated,
+        stdout_truncated=stdout.truncated,
         stdout_bytes_captured=captured,
-        stdout_bytes_total=buffer.total,
-        stdout_bytes_omitted=buffer.total - captured,
+        stdout_bytes_total=total,
+        stdout_bytes_omitted=total - captured,
         warning=warning,
         stdout_spill_path=stdout.spill_path,
         hint=hint,

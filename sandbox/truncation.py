@@ -13,6 +13,8 @@ package, so every layer may use it, as it may use :mod:`hermes_sandbox.errors`.
 
 from __future__ import annotations
 
+import re
+
 HEAD_SHARE = 0.4  # of what is kept; the tail, where errors and results tend to be, gets the rest
 
 
@@ -80,10 +82,62 @@ def trim_utf8_start(data: bytes) -> bytes:
     return data[start:]
 
 
+_ESCAPED_CONTROLS = re.compile("[\x00-\x08\x0b-\x0c\x0e-\x1f]")
+
+
+def encoded_size(text: str) -> int:
+    """Bytes ``text`` takes in UTF-8, each control character but tab, newline and CR
+    counted as the 6-byte ``\\u00XX`` escape JSON writes for it. Its JSON string (with
+    ``ensure_ascii=False``) is at most this plus one byte per quote, backslash, tab,
+    newline or CR: the escapes every text pays, as the script's own text would."""
+    return len(text.encode("utf-8")) + 5 * len(_ESCAPED_CONTROLS.findall(text))
+
+
+def decode_head_within(data: bytes, budget: int) -> tuple[str, int]:
+    """The longest start of ``data`` whose decoded text has an :func:`encoded_size` of at
+    most ``budget``, and how many bytes of ``data`` it shows.
+
+    A byte that is not UTF-8 decodes to U+FFFD (3 bytes) and a control byte becomes a
+    ``\\u00XX`` escape (6 bytes) in JSON, so a byte cap alone lets the text grow 3x and
+    its JSON 6x.
+    """
+    return _fit(data, budget, from_start=True)
+
+
+def decode_tail_within(data: bytes, budget: int) -> tuple[str, int]:
+    """The shortest end of ``data`` whose decoded text has an :func:`encoded_size` of at
+    most ``budget``, and how many bytes of ``data`` it shows; see
+    :func:`decode_head_within`."""
+    return _fit(data, budget, from_start=False)
+
+
+def _fit(data: bytes, budget: int, *, from_start: bool) -> tuple[str, int]:
+    def piece(n: int) -> bytes:
+        if from_start:
+            return trim_utf8_end(data[:n])
+        return trim_utf8_start(data[len(data) - n :])
+
+    best_text, best_shown = "", 0
+    low, high = 0, len(data)  # binary search on the bytes taken: the cost grows with them
+    while low <= high:
+        middle = (low + high) // 2
+        chosen = piece(middle)
+        text = chosen.decode("utf-8", "replace")
+        if encoded_size(text) <= budget:
+            best_text, best_shown = text, len(chosen)
+            low = middle + 1
+        else:
+            high = middle - 1
+    return best_text, best_shown
+
+
 __all__ = [
     "HEAD_SHARE",
     "cut_middle",
     "decode_ends",
+    "decode_head_within",
+    "decode_tail_within",
+    "encoded_size",
     "keep_ends",
     "omission_marker",
     "trim_utf8_end",

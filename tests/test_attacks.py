@@ -501,3 +501,138 @@ def test_many_large_request_files_are_taken_a_capped_batch_at_a_time(
     assert result.status == "success", result.output
     assert _lines(result) == ["['unauthorized']"], result.output
     assert host.growth_mib < 60, f"host RSS grew {host.growth_mib:.0f} MiB"
+
+
+# -- 5. worker threads -------------------------------------------------------------------
+
+LOCAL_TARGETS = [t for t in TARGETS if t[0] == "local"]
+
+# Script code: 8 files, each swapped for a named pipe and back as fast as the script can,
+# while 64 threads call a file tool on them. The tool checks that its path is a regular
+# file and then opens it; a pipe swapped in between blocks a plain open() until its
+# other end is opened, which here is never, so each such call kept a host worker thread.
+FIFO_RACE = """
+import threading
+import hermes_tools
+
+def swap_forever(path, tag):
+    i = 0
+    while True:
+        i += 1
+        spare = os.path.join(RACE, ".%s-%d" % (tag, i))
+        with open(spare, "w") as f:
+            f.write("text\\n")
+        os.rename(spare, path)
+        os.mkfifo(spare)
+        os.rename(spare, path)
+
+def call_forever(tool, path):
+    while True:
+        try:
+            tool(path)
+        except Exception:
+            pass
+
+paths = [os.path.join(RACE, "f%d.txt" % i) for i in range(8)]
+for n, path in enumerate(paths):
+    with open(path, "w") as f:
+        f.write("text\\n")
+    threading.Thread(target=swap_forever, args=(path, n), daemon=True).start()
+for path in paths * 8:
+    threading.Thread(target=call_forever, args=(TOOL, path), daemon=True).start()
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tool", ["read_file", "write_file"])
+@pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_a_file_swapped_for_a_fifo_does_not_starve_the_kill(
+    target: tuple[str, str], tool: str, tmp_path: Path
+) -> None:
+    """read_file or write_file racing a file swapped for a FIFO once wedged all 40 of
+    anyio's default worker threads in open(); the kill needs that pool, so the run's
+    4 s timeout was not enforced after 60 s. Now the open never blocks, and tool file
+    I/O runs on its own threads."""
+    race = tmp_path / "race"
+    race.mkdir()
+    call = (
+        "hermes_tools.read_file"
+        if tool == "read_file"
+        else ("lambda p: hermes_tools.write_file(p, 'x')")
+    )
+    started = time.monotonic()
+    result = runner(target, tmp_path)(
+        f"RACE = {str(race)!r}\nTOOL = None\n"
+        + FIFO_RACE.replace("(TOOL, path)", f"({call}, path)"),
+        timeout=4.0,
+        tools=["read_file", "write_file"],
+    )
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout", result.output
+    assert elapsed < 15, f"a 4 s timeout took {elapsed:.1f} s to enforce"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", LOCAL_TARGETS[:1], indirect=True, ids=lambda t: "-".join(t))
+def test_tools_that_block_do_not_hold_the_threads_the_kill_needs(
+    target: tuple[str, str], tmp_path: Path
+) -> None:
+    """A sync tool that blocks (here: for 12 s) holds a worker thread. 60 of them at once
+    once held all 40 of anyio's default threads, the ones the kill needs, so the script
+    outlived its 3 s timeout until the tools let go. Now tools run on their own limiter
+    (TOOL_THREADS), and the script is killed on time. (The run itself still returns
+    only when the tool calls already running have returned.)"""
+    from hermes_sandbox.threads import TOOL_THREADS
+    from hermes_sandbox.tools.registry import ToolRegistry
+
+    release = threading.Event()
+    registry = ToolRegistry()
+    schema = {"name": "hold", "description": "Block.", "parameters": {"type": "object"}}
+
+    def hold(args: dict[str, Any]) -> str:
+        release.wait(30)
+        return "{}"
+
+    registry.register("hold", "test", schema, hold)
+    pid_file = tmp_path / "pid"
+    died: list[float] = []
+
+    def watch() -> None:
+        while not pid_file.exists() or not pid_file.read_text().endswith("\n"):
+            time.sleep(0.01)
+        script = psutil.Process(int(pid_file.read_text()))
+        while script.is_running() and script.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        died.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    letting_go = threading.Timer(12.0, release.set)
+    letting_go.start()
+    started = time.monotonic()
+    try:
+        result = runner(target, tmp_path)(
+            f"""
+            import threading
+            import hermes_tools
+            with open({str(pid_file)!r}, "w") as f:
+                f.write("%d\\n" % os.getpid())
+            for _ in range(60):
+                threading.Thread(target=hermes_tools.hold, daemon=True).start()
+            time.sleep(60)
+            """,
+            timeout=3.0,
+            tools=["hold"],
+            registry=registry,
+        )
+    finally:
+        release.set()
+        letting_go.cancel()
+    watcher.join(10)
+    assert result.status == "timeout", result.output
+    assert died, "the script never died"
+    assert died[0] - started < 9, (
+        f"the script outlived its 3 s timeout by {died[0] - started:.1f} s"
+    )
+    assert TOOL_THREADS < 40

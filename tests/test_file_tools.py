@@ -352,3 +352,32 @@ async def test_workspace_allows_its_own_files(confined: ToolContext, ws: Path) -
     assert (await call(confined, "read_file", path="inside.txt"))["content"] == "in\n"
     assert (await call(confined, "write_file", path="new/x.txt", content="ok"))["status"] == "ok"
     assert (ws / "new/x.txt").read_text() == "ok"
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(10)
+async def test_the_local_runtime_never_blocks_opening_a_fifo(
+    env: LocalEnvironment, tmp_path: Path
+) -> None:
+    """A path that became a named pipe after the tools checked it: read_bytes and
+    write_bytes refuse it at once and say what it is, where a plain open() waited for
+    the pipe's other end forever."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with anyio.fail_after(5):
+        with pytest.raises(OSError, match=r"named pipe.*regular files only"):
+            await env.read_bytes(str(pipe))
+        with pytest.raises(OSError, match=r"named pipe.*regular files only"):
+            await env.write_bytes(str(pipe), b"x")
+        reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # now a reader waits
+        try:
+            with pytest.raises(OSError, match=r"named pipe.*regular files only"):
+                await env.write_bytes(str(pipe), b"x")
+        finally:
+            os.close(reader)
+        with pytest.raises(OSError, match="character device"):
+            await env.read_bytes("/dev/null")
+        (tmp_path / "plain").write_text("still read\n")
+        assert await env.read_bytes(str(tmp_path / "plain")) == b"still read\n"
+        await env.write_bytes(str(tmp_path / "plain"), b"still written\n")
+        assert (tmp_path / "plain").read_bytes() == b"still written\n"

@@ -226,6 +226,54 @@ def test_stdout_cap_keeps_head_and_tail_and_spills(run, tmp_path):
     assert str(spill) in result.warning
 
 
+# Bytes a cap of n lets through after decoding: n of text (its JSON included), plus the
+# omission marker and, in the JSON result, the other fields (status, counts, warning).
+JSON_SLACK = 2_000
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xff" * 10**6, b"\x00" * 10**6, b"\xff" * 40_000, "\u20ac".encode() * 300_000],
+    ids=["1MB-invalid", "1MB-nul", "40kB-invalid", "900kB-euro"],
+)
+def test_the_output_cap_holds_after_decoding(run, tmp_path, payload):
+    """An invalid byte decodes to U+FFFD (3 bytes) and a control byte to a 6-byte JSON
+    escape: a cap counted in raw bytes once let 1 MB of them through as 150 kB of text
+    and 300 kB of JSON. The cap now holds for the text and its JSON, and the counts say
+    how many bytes the text really shows."""
+    source = tmp_path / "payload.bin"
+    source.write_bytes(payload)
+    result = run(
+        f"""
+        import sys
+        with open({str(source)!r}, "rb") as f:
+            sys.stdout.buffer.write(f.read())
+        """,
+        spill_dir=str(tmp_path / "spill"),
+    )
+    assert result.status == "success", result.output[:300]
+    assert len(result.output.encode()) <= MAX_STDOUT_BYTES + JSON_SLACK
+    assert len(result.to_json().encode()) <= MAX_STDOUT_BYTES + JSON_SLACK
+    assert result.stdout_truncated is True
+    assert result.stdout_bytes_total == len(payload)
+    assert 0 < result.stdout_bytes_captured <= min(len(payload), MAX_STDOUT_BYTES)
+    assert result.stdout_bytes_omitted == len(payload) - result.stdout_bytes_captured
+    match = MARKER.search(result.output)
+    assert match, result.output[:300]
+    assert int(match[1].replace(",", "")) == result.stdout_bytes_omitted
+    shown = result.output[: match.start()] + result.output[match.end() :]
+    if payload[:1] == b"\xff":
+        assert shown == "\ufffd" * result.stdout_bytes_captured
+    elif payload[:1] == b"\x00":
+        assert shown == "\x00" * result.stdout_bytes_captured
+    else:
+        assert shown == "\u20ac" * (result.stdout_bytes_captured // 3)
+    # The spill file keeps the raw bytes, as the script wrote them.
+    assert result.stdout_spill_path is not None, result.warning
+    assert Path(result.stdout_spill_path).read_bytes()[: len(payload)] == payload[:MAX_SPILL_BYTES]
+
+
 def test_host_memory_stays_bounded_while_a_script_prints_200_mb(run):
     run("print('warm up')")  # imports and first-run allocations happen here, not below
     host = psutil.Process()

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hermes_sandbox.environments.capture import HeadTailBuffer
-from hermes_sandbox.truncation import cut_middle, decode_ends, keep_ends, omission_marker
+from hermes_sandbox.truncation import (
+    cut_middle,
+    decode_ends,
+    decode_head_within,
+    decode_tail_within,
+    encoded_size,
+    keep_ends,
+    omission_marker,
+)
 
 MARKER = re.compile(r"\n\.\.\. \[([\d,]+) (characters|bytes) omitted\] \.\.\.\n")
 
@@ -80,3 +89,42 @@ def test_head_tail_buffer_text(size: int):
         head, omitted, unit, tail = parts(text)
         assert unit == "bytes" and omitted == size - 100
         assert head.encode() == data[:40] and tail.encode() == data[-60:]
+
+
+def test_encoded_size_counts_what_decoding_and_json_make_of_bytes() -> None:
+    assert encoded_size("abc\n\t") == 5
+    assert encoded_size("\ufffd") == 3
+    assert encoded_size("\x00") == 6  # JSON writes it \\u0000
+    assert encoded_size("\u20ac") == 3
+
+
+def test_decoding_within_a_budget_cuts_after_decoding() -> None:
+    assert decode_head_within(b"\xff" * 100, 30) == ("\ufffd" * 10, 10)
+    assert decode_tail_within(b"\xff" * 100, 30) == ("\ufffd" * 10, 10)
+    assert decode_head_within(b"\x00" * 100, 30) == ("\x00" * 5, 5)
+    assert decode_head_within(b"plain text", 100) == ("plain text", 10)
+    # A character the budget cuts in two is left out, not shown as U+FFFD.
+    assert decode_head_within("\u20ac".encode() * 4, 7) == ("\u20ac" * 2, 6)
+    assert decode_tail_within("\u20ac".encode() * 4, 7) == ("\u20ac" * 2, 6)
+
+
+@given(st.binary(max_size=400), st.integers(min_value=0, max_value=200))
+def test_decoding_within_a_budget_never_passes_it(data: bytes, budget: int) -> None:
+    for fit in (decode_head_within, decode_tail_within):
+        text, shown = fit(data, budget)
+        assert encoded_size(text) <= budget
+        assert 0 <= shown <= len(data)
+
+
+def test_captured_output_whose_text_passes_the_cap_is_cut_and_spilled(tmp_path: Path) -> None:
+    """40 kB of invalid bytes fit a 50 kB byte cap but decode to 120 kB of text."""
+    from hermes_sandbox.output import CappedOutput
+
+    output = CappedOutput(50_000, spill_limit=1_000_000, spill_dir=str(tmp_path))
+    output.feed(b"\xff" * 40_000)
+    output.close()
+    assert output.truncated
+    assert len(output.text().encode()) <= 50_000 + 100
+    assert output.shown_bytes == output.text().count("\ufffd")
+    assert output.spill_path is not None
+    assert Path(output.spill_path).read_bytes() == b"\xff" * 40_000

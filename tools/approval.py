@@ -41,6 +41,7 @@ from typing import Literal
 
 import anyio.to_thread
 
+from hermes_sandbox.threads import tool_limiter
 from hermes_sandbox.tools.protected_paths import (
     HOME_DIRS,
     PROTECTED_HOME_ENTRIES,
@@ -925,7 +926,7 @@ class ApprovalPolicy:
         """
         normalised = normalise_command(command)
         if len(command) > _CHECK_IN_THREAD_CHARS:
-            found = await anyio.to_thread.run_sync(self.findings, command)
+            found = await anyio.to_thread.run_sync(self.findings, command, limiter=tool_limiter())
         else:
             found = self.findings(command)
         pending = [f for f in found if not self._allowed(f, normalised)]
@@ -964,7 +965,7 @@ class ApprovalPolicy:
         if _is_async_callable(callback):
             return await callback(command, list(reasons))  # type: ignore[misc]
         result = await anyio.to_thread.run_sync(
-            callback, command, list(reasons), abandon_on_cancel=True
+            callback, command, list(reasons), abandon_on_cancel=True, limiter=tool_limiter()
         )
         if inspect.isawaitable(result):
             result = await result
@@ -977,7 +978,9 @@ class ApprovalPolicy:
             if _is_async_callable(self._on_always):
                 await self._on_always(entry)  # type: ignore[misc]
             else:
-                result = await anyio.to_thread.run_sync(self._on_always, entry)
+                result = await anyio.to_thread.run_sync(
+                    self._on_always, entry, limiter=tool_limiter()
+                )
                 if inspect.isawaitable(result):
                     await result
         except Exception:

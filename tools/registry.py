@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
+from hermes_sandbox.threads import tool_limiter
 from hermes_sandbox.tools.arguments import ToolArguments, describe_problems
 from hermes_sandbox.tools.async_bridge import run_awaitable
 from hermes_sandbox.tools.capping import cap_result
@@ -366,7 +367,7 @@ class ToolRegistry:
                 result = await self._invoke(entry, args, ctx)
             else:
                 result = await anyio.to_thread.run_sync(
-                    functools.partial(self._invoke, entry, args, ctx)
+                    functools.partial(self._invoke, entry, args, ctx), limiter=tool_limiter()
                 )
                 if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                     result = await result

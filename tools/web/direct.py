@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 import anyio
 import anyio.to_thread
 
+from hermes_sandbox.threads import tool_limiter
 from hermes_sandbox.tools.web.base import ExtractProvider, Page
 from hermes_sandbox.tools.web.client import (
     MAX_REDIRECTS,
@@ -120,7 +121,7 @@ class DirectExtract(ExtractProvider):
             )
         if kind == "html":
             title, content, cut = await anyio.to_thread.run_sync(
-                html_to_markdown, data, final_url, charset
+                html_to_markdown, data, final_url, charset, limiter=tool_limiter()
             )
             capped = capped or cut
         else:
