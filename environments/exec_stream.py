@@ -108,8 +108,13 @@ class ExecStreamEnvironment(Environment, Runtime):
         self._home: str | None = None
         self._started = False
         self._closed = False
+        self._setup()
 
     # -- what a backend writes -------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """Set the backend's own state from ``self.settings``, at construction (no I/O:
+        that is :meth:`_start`'s); raise ValueError for settings it cannot use."""
 
     @abc.abstractmethod
     async def _start(self) -> None:

@@ -75,15 +75,7 @@ class FakeEnvironment(ExecStreamEnvironment):
     where: ClassVar[str] = "in the fake sandbox"
     settings: FakeSettings
 
-    def __init__(
-        self,
-        settings: FakeSettings | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        kill_grace: float = 2.0,
-        python: str | None = None,
-    ) -> None:
-        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+    def _setup(self) -> None:
         self.root: str | None = None
         self.commands: list[str] = []  # every command execute() was given
         self.execs: list[list[str]] = []  # every argv started in the sandbox

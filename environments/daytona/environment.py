@@ -171,15 +171,7 @@ class DaytonaEnvironment(ExecStreamEnvironment):
 
     settings: DaytonaSettings
 
-    def __init__(
-        self,
-        settings: DaytonaSettings | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        kill_grace: float = 2.0,
-        python: str | None = None,
-    ) -> None:
-        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+    def _setup(self) -> None:
         self.task_id = self.settings.task_id or uuid.uuid4().hex
         self._sdk: Any = None
         self._client: Any = None

@@ -109,15 +109,7 @@ class DockerEnvironment(ExecStreamEnvironment):
 
     settings: DockerSettings
 
-    def __init__(
-        self,
-        settings: DockerSettings | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        kill_grace: float = 2.0,
-        python: str | None = None,
-    ) -> None:
-        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+    def _setup(self) -> None:
         self.task_id = self.settings.task_id or uuid.uuid4().hex
         self._client: Any = None
         self.container_id: str | None = None

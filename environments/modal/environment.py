@@ -196,15 +196,7 @@ class ModalEnvironment(ExecStreamEnvironment):
 
     settings: ModalSettings
 
-    def __init__(
-        self,
-        settings: ModalSettings | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        kill_grace: float = 2.0,
-        python: str | None = None,
-    ) -> None:
-        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+    def _setup(self) -> None:
         self._sdk: Any = None
         self._errors: _SdkErrors | None = None
         self._sandbox: Any = None

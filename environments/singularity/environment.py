@@ -202,15 +202,7 @@ class SingularityEnvironment(ExecStreamEnvironment):
 
     settings: SingularitySettings
 
-    def __init__(
-        self,
-        settings: SingularitySettings | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        kill_grace: float = 2.0,
-        python: str | None = None,
-    ) -> None:
-        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+    def _setup(self) -> None:
         self.task_id = self.settings.task_id or uuid.uuid4().hex
         bad = [key for key in self._env if not _ENV_NAME_RE.match(key)]
         if bad:

@@ -104,15 +104,7 @@ class SSHEnvironment(ExecStreamEnvironment):
 
     settings: SSHSettings
 
-    def __init__(
-        self,
-        settings: SSHSettings,
-        *,
-        env: Mapping[str, str] | None = None,
-        kill_grace: float = 2.0,
-        python: str | None = None,
-    ) -> None:
-        super().__init__(settings, env=env, kill_grace=kill_grace, python=python)
+    def _setup(self) -> None:
         self.scratch_parent = self.settings.scratch_dir
         self._share: _Share | None = None
         self._workdir: str | None = self.settings.workdir
