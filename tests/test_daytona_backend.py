@@ -560,7 +560,7 @@ async def test_execute_timeout_kills_the_whole_tree(
         )
         assert result.timed_out and result.exit_code == 124
         assert "before" in result.output
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 60  # the sleeps last 300 s
         numbers = [int(p) for p in pids.read_text().split()]
         assert len(numbers) == 3
         assert await wait_gone(numbers) == []
