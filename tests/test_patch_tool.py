@@ -309,59 +309,62 @@ async def test_patch_is_the_default_mode_when_patch_is_given(
     assert (tmp_path / "a.txt").read_text() == "a\n"
 
 
-async def test_patch_hunks_anchors_and_end_of_file(ctx: ToolContext, tmp_path: Path) -> None:
+_CLASS_A_FIRST = """
+    @@ class A:
+    +    x = 0
+    @@ class B:
+    @@     def run(self):
+    -        return 1
+    +        return 2
+"""
+_CLASS_B_FIRST = """
+    @@ class B:
+    @@     def run(self):
+    -        return 1
+    +        return 2
+    @@ class A:
+    +    x = 0
+"""
+
+
+@pytest.mark.parametrize(
+    "hunks", [_CLASS_A_FIRST, _CLASS_B_FIRST], ids=["in-order", "out-of-order"]
+)
+async def test_patch_hunks_anchors_and_end_of_file(
+    ctx: ToolContext, tmp_path: Path, hunks: str
+) -> None:
     target = tmp_path / "m.py"
     target.write_text(
         "class A:\n    def run(self):\n        return 1\n\n"
         "class B:\n    def run(self):\n        return 1\n\n# end\n"
     )
-    result = await call(
-        ctx,
-        patch=v4a(
-            """
-            *** Begin Patch
-            *** Update File: m.py
-            @@ class B:
-            @@     def run(self):
-            -        return 1
-            +        return 2
-            @@ class A:
-            +    x = 0
-            @@
-            -# end
-            +# the end
-            *** End of File
-            *** End Patch
-            """
-        ),
+    body = textwrap.dedent(hunks).strip("\n")
+    text = (
+        "*** Begin Patch\n*** Update File: m.py\n"
+        + body
+        + "\n@@\n-# end\n+# the end\n*** End of File\n*** End Patch\n"
     )
-    # The third hunk's anchor "class A:" comes before hunk 1's match: hunks go in order.
-    assert "anchor" in result["error"] and "class A:" in result["error"]
-    result = await call(
-        ctx,
-        patch=v4a(
-            """
-            *** Begin Patch
-            *** Update File: m.py
-            @@ class A:
-            +    x = 0
-            @@ class B:
-            @@     def run(self):
-            -        return 1
-            +        return 2
-            @@
-            -# end
-            +# the end
-            *** End of File
-            *** End Patch
-            """
-        ),
-    )
+    # Nested anchors narrow the search to B's run(); "class A:" is found even when its
+    # hunk comes after a hunk further down the file (an anchor is a hint, not an order).
+    result = await call(ctx, patch=text)
     assert result["status"] == "ok", result
     assert target.read_text() == (
         "class A:\n    x = 0\n    def run(self):\n        return 1\n\n"
         "class B:\n    def run(self):\n        return 2\n\n# the end\n"
     )
+
+
+async def test_an_anchor_for_added_lines_alone_must_name_one_line(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    target = tmp_path / "m.py"
+    target.write_text("def f():\n    pass\n\ndef g():\n    pass\n")
+    for anchor, expected in (("def h", "was not found"), ("pass", "fits lines 2, 5")):
+        result = await call(
+            ctx, patch=f"*** Begin Patch\n*** Update File: m.py\n@@ {anchor} @@\n+x = 1\n"
+        )
+        assert expected in result["error"], result
+    assert target.read_text() == "def f():\n    pass\n\ndef g():\n    pass\n"
 
 
 async def test_patch_accepts_a_unified_diff_hunk_header(ctx: ToolContext, tmp_path: Path) -> None:
@@ -486,7 +489,7 @@ async def test_patch_reports_every_problem_at_once(ctx: ToolContext, tmp_path: P
     assert "Add File exists.txt" in error and "already there" in error
     assert "Update File missing.txt" in error and "File not found" in error
     assert "Delete File also-missing.txt" in error
-    assert "already changed by this patch" in error
+    assert "cannot move to taken.txt" in error
     assert snapshot(tmp_path) == before
 
 
@@ -556,14 +559,14 @@ async def test_a_failed_write_rolls_everything_back(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("patch_text", "expected"),
     [
-        ("*** Add File: a.txt\n+a\n*** End Patch", "starts with the line '*** Begin Patch'"),
-        ("*** Begin Patch\n*** Add File: a.txt\n+a\n", "ends with the line '*** End Patch'"),
+        ("*** Begin Patch\n*** Add File: b.txt\n+b\n*** End Patch\n*** Add File: c.txt", "after"),
+        ("*** Add File: b.txt\n+b\n*** Update File: a.txt\n-a\n+b\n x\n", "hunk 1"),
         ("*** Begin Patch\n*** End Patch", "changes no file"),
         ("*** Begin Patch\n*** Add File: a.txt\nno plus\n*** End Patch", "patch line 3"),
         ("*** Begin Patch\n*** Update File: a.txt\n*** End Patch", "has no hunks"),
         ("*** Begin Patch\n*** Update File: a.txt\n@@\n a\n*** End Patch", "changes nothing"),
         ("*** Begin Patch\n*** Update File: a.txt\n?a\n*** End Patch", "patch line 3"),
-        ("*** Begin Patch\n*** Frobnicate: a.txt\n*** End Patch", "expected '*** Add File:'"),
+        ("*** Begin Patch\n*** Frobnicate: a.txt\n*** End Patch", "a file header ('*** Add File:'"),
         ("*** Begin Patch\n*** Delete File: \n*** End Patch", "needs a path"),
         ("   ", "needs patch"),
     ],
