@@ -7,7 +7,6 @@ test uses a local environment whose writes to one path fail, the way a full disk
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from patching import call, snapshot, v4a
 
 import hermes_sandbox.tools.patch_tool as patch_tool
 from hermes_sandbox.environments.local import LocalEnvironment
@@ -38,21 +38,6 @@ async def env(anyio_backend: str) -> AsyncIterator[LocalEnvironment]:
 @pytest.fixture
 def ctx(env: LocalEnvironment, tmp_path: Path) -> ToolContext:
     return ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
-
-
-async def call(ctx: ToolContext, **args: Any) -> dict[str, Any]:
-    return json.loads(await registry.adispatch("patch", args, ctx))
-
-
-def v4a(text: str) -> str:
-    return textwrap.dedent(text).lstrip("\n")
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under root, by relative path, with its bytes."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 class FailingWrites(LocalEnvironment):
@@ -486,7 +471,7 @@ async def test_patch_reports_every_problem_at_once(ctx: ToolContext, tmp_path: P
     )
     error = result["error"]
     assert "4 problems" in error
-    assert "Add File exists.txt" in error and "already there" in error
+    assert "Add File exists.txt" in error and "already exists" in error
     assert "Update File missing.txt" in error and "File not found" in error
     assert "Delete File also-missing.txt" in error
     assert "cannot move to taken.txt" in error
@@ -556,10 +541,79 @@ async def test_a_failed_write_rolls_everything_back(tmp_path: Path) -> None:
     assert not (tmp_path / "new 'name'.txt").exists()
 
 
+async def test_operations_on_one_file_are_played_in_order(ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "a.sh").write_text("echo a\n")
+    (tmp_path / "a.sh").chmod(0o750)
+    (tmp_path / "x.txt").write_text("x\n")
+    (tmp_path / "y.txt").write_text("y\n")
+    result = await call(
+        ctx,
+        patch=v4a(
+            """
+            *** Begin Patch
+            *** Move File: a.sh -> bin/a.sh
+            *** Update File: bin/a.sh
+            -echo a
+            +echo b
+            *** Move File: x.txt -> tmp.txt
+            *** Move File: y.txt -> x.txt
+            *** Move File: tmp.txt -> y.txt
+            *** Add File: new.txt
+            +1
+            *** Update File: new.txt
+            -1
+            +2
+            *** End Patch
+            """
+        ),
+    )
+    assert result["status"] == "ok", result
+    assert snapshot(tmp_path) == {
+        "bin/a.sh": b"echo b\n",
+        "x.txt": b"y\n",
+        "y.txt": b"x\n",
+        "new.txt": b"2\n",
+    }
+    # The moved file was renamed, not rewritten: it keeps its mode.
+    assert stat.S_IMODE((tmp_path / "bin" / "a.sh").stat().st_mode) == 0o750
+    assert "a.sh renamed to bin/a.sh unchanged\n--- a/bin/a.sh" in result["diff"]
+
+
+async def test_a_failed_write_rolls_back_a_move_and_a_replaced_file(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "b.txt").write_text("b\n")
+    (tmp_path / "c.txt").write_text("c\n")
+    before = snapshot(tmp_path)
+    async with FailingWrites(str(tmp_path / "z.txt")) as env:
+        ctx = ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
+        result = await call(
+            ctx,
+            patch=v4a(
+                """
+                *** Begin Patch
+                *** Delete File: b.txt
+                *** Move File: a.txt -> b.txt
+                *** Update File: b.txt
+                -a
+                +moved
+                *** Delete File: c.txt
+                *** Add File: c.txt
+                +new c
+                *** Add File: z.txt
+                +z
+                *** End Patch
+                """
+            ),
+        )
+    assert "z.txt" in result["error"] and "rolled back" in result["error"], result
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize(
     ("patch_text", "expected"),
     [
         ("*** Begin Patch\n*** Add File: b.txt\n+b\n*** End Patch\n*** Add File: c.txt", "after"),
+        ("*** Delete File: a.txt\n*** Begin Patch\n*** Add File: b.txt\n+b\n", "before"),
         ("*** Add File: b.txt\n+b\n*** Update File: a.txt\n-a\n+b\n x\n", "hunk 1"),
         ("*** Begin Patch\n*** End Patch", "changes no file"),
         ("*** Begin Patch\n*** Add File: a.txt\nno plus\n*** End Patch", "patch line 3"),
@@ -605,6 +659,10 @@ async def test_a_hunk_that_misses_says_where_its_first_line_is(
         "*** Update File: ../victim.txt\n-victim\n+owned",
         "*** Delete File: ../victim.txt",
         "*** Update File: inside.txt\n*** Move to: ../moved.txt\n-inside\n+moved",
+        "*** Move File: inside.txt -> ../moved.txt",
+        "*** Move File: ../victim.txt -> stolen.txt",
+        "***Delete File: ../victim.txt",
+        "*** Move File: inside.txt -> {outside}/moved.txt",
         "*** Add File: {outside}/absolute.py\n+x",
         "*** Delete File: {outside}/victim.txt",
     ],

@@ -54,17 +54,20 @@ def parse_patch(text: str) -> list[Operation]:
     """Parse a V4A patch into operations; raise PatchError naming the bad line.
 
     ``*** Begin Patch`` and ``*** End Patch`` may be left out; text before the Begin
-    line and after the End line is ignored unless it holds a file header.
+    line and after the End line is ignored, unless it holds a file header or another
+    Begin line (then the patch is refused rather than partly applied).
     """
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     end = next((i for i, line in enumerate(lines) if _END.match(line)), len(lines))
     begins = [i for i in range(end) if _BEGIN.match(lines[i])]
     start = begins[-1] + 1 if begins else 0
-    for index in range(end + 1, len(lines)):
+    outside = [*range(start - 1), *range(end + 1, len(lines))]
+    for index in outside:
         if _is_header(lines[index]) or _BEGIN.match(lines[index]):
+            where = f"before '{BEGIN}'" if index < start else f"after '{END}'"
             raise PatchError(
-                f"patch line {index + 1}: after '{END}' (line {end + 1}); a patch is one "
-                f"'{BEGIN}' ... '{END}' block holding every file"
+                f"patch line {index + 1} is {where}; a patch is one '{BEGIN}' ... '{END}' "
+                "block holding every file"
             )
     operations: list[Operation] = []
     index = start

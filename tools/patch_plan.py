@@ -34,8 +34,8 @@ from hermes_sandbox.tools.registry import ToolContext
 SHELL_TIMEOUT = 60.0  # seconds for one rm or mv in the environment
 
 _LABELS = {"add": "Add File", "update": "Update File", "delete": "Delete File"}
-_ADD_EXISTS = "{what} is already there; use '*** Update File:' to change it"
-_MOVE_EXISTS = "cannot move to {shown}: {what} is already there"
+_ADD_EXISTS = "{what} already exists there; use '*** Update File:' to change it"
+_MOVE_EXISTS = "cannot move to {shown}: {what} already exists there"
 
 
 @dataclass(slots=True)
@@ -107,7 +107,7 @@ def _require_inside_cwd(ctx: ToolContext, path: str) -> None:
     full = posixpath.normpath(posixpath.join(cwd, ctx.expand_user(path)))
     climbs = ".." in path.split("/")
     if climbs or not (cwd == "/" or full == cwd or full.startswith(cwd.rstrip("/") + "/")):
-        why = "it has a '..' component" if climbs else f"it is {full}"
+        why = "it has a '..' component (path traversal)" if climbs else f"it is {full}"
         raise PatchError(
             f"Refused: {why}, outside the working directory {cwd}. A patch header names "
             "a file inside the working directory, relative to it and without '..'.",
