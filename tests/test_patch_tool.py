@@ -55,6 +55,13 @@ class FailingWrites(LocalEnvironment):
         await super().write_bytes(path, data, make_parents=make_parents, mode=mode)
 
 
+async def call_with_a_failing_write(tmp_path: Path, failing: str, patch: str) -> dict[str, Any]:
+    """The patch tool's result when writing ``tmp_path / failing`` fails (a full disk)."""
+    async with FailingWrites(str(tmp_path / failing)) as env:
+        ctx = ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
+        return await call(ctx, patch=patch)
+
+
 def test_registered_in_the_file_toolset() -> None:
     entry = registry.get("patch")
     assert entry is not None and entry.toolset == "file"
@@ -510,30 +517,29 @@ async def test_a_failed_write_rolls_everything_back(tmp_path: Path) -> None:
     (tmp_path / "bye.txt").write_text("bye\n")
     (tmp_path / "three.txt").write_text("3\n")
     before = snapshot(tmp_path)
-    async with FailingWrites(str(tmp_path / "three.txt")) as env:
-        ctx = ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
-        result = await call(
-            ctx,
-            patch=v4a(
-                """
-                *** Begin Patch
-                *** Add File: sub/added.txt
-                +added
-                *** Update File: one.txt
-                -1
-                +one
-                *** Update File: old name.txt
-                *** Move to: new 'name'.txt
-                -moved
-                +moved!
-                *** Delete File: bye.txt
-                *** Update File: three.txt
-                -3
-                +three
-                *** End Patch
-                """
-            ),
-        )
+    result = await call_with_a_failing_write(
+        tmp_path,
+        "three.txt",
+        v4a(
+            """
+            *** Begin Patch
+            *** Add File: sub/added.txt
+            +added
+            *** Update File: one.txt
+            -1
+            +one
+            *** Update File: old name.txt
+            *** Move to: new 'name'.txt
+            -moved
+            +moved!
+            *** Delete File: bye.txt
+            *** Update File: three.txt
+            -3
+            +three
+            *** End Patch
+            """
+        ),
+    )
     assert "three.txt" in result["error"] and "No space left" in result["error"]
     assert "rolled back" in result["error"]
     after = snapshot(tmp_path)
@@ -584,27 +590,26 @@ async def test_a_failed_write_rolls_back_a_move_and_a_replaced_file(tmp_path: Pa
     (tmp_path / "b.txt").write_text("b\n")
     (tmp_path / "c.txt").write_text("c\n")
     before = snapshot(tmp_path)
-    async with FailingWrites(str(tmp_path / "z.txt")) as env:
-        ctx = ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
-        result = await call(
-            ctx,
-            patch=v4a(
-                """
-                *** Begin Patch
-                *** Delete File: b.txt
-                *** Move File: a.txt -> b.txt
-                *** Update File: b.txt
-                -a
-                +moved
-                *** Delete File: c.txt
-                *** Add File: c.txt
-                +new c
-                *** Add File: z.txt
-                +z
-                *** End Patch
-                """
-            ),
-        )
+    result = await call_with_a_failing_write(
+        tmp_path,
+        "z.txt",
+        v4a(
+            """
+            *** Begin Patch
+            *** Delete File: b.txt
+            *** Move File: a.txt -> b.txt
+            *** Update File: b.txt
+            -a
+            +moved
+            *** Delete File: c.txt
+            *** Add File: c.txt
+            +new c
+            *** Add File: z.txt
+            +z
+            *** End Patch
+            """
+        ),
+    )
     assert "z.txt" in result["error"] and "rolled back" in result["error"], result
     assert snapshot(tmp_path) == before
 
