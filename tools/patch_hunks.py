@@ -11,7 +11,7 @@ kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from hermes_sandbox.tools.patch_format import Hunk
@@ -62,34 +62,40 @@ class _Search:
     def __init__(self, lines: list[_Line]) -> None:
         self.lines = lines
         self.taken: list[_Region] = []
+        self._normalised: dict[int, list[str]] = {}  # the file's lines, by tier
 
-    def _fitting(self, pattern: list[str], lo: int, at_eof: bool) -> list[list[int]]:
-        """For each tier, the free places at or after ``lo`` where ``pattern`` fits."""
-        last = len(self.lines) - len(pattern)
-        places: list[list[int]] = []
-        for norm in _TIERS:
-            wanted = [norm(line) for line in pattern]
-            # A hunk marked as at the end of the file is tried there first.
-            candidates = [last] if at_eof and last >= lo else []
-            candidates += [i for i in range(lo, last + 1) if not (at_eof and i == last)]
-            places.append(
-                [
-                    index
-                    for index in candidates
-                    if all(norm(self.lines[index + k].content) == w for k, w in enumerate(wanted))
-                    and self.free((index, index + len(pattern)))
-                ]
-            )
-            if places[-1]:
-                break
-        return places
+    def _places(self, tier: int, pattern: list[str], lo: int, at_eof: bool) -> Iterator[int]:
+        """The free places at or after ``lo`` where ``pattern`` fits at ``tier``."""
+        norm = _TIERS[tier]
+        if tier not in self._normalised:
+            self._normalised[tier] = [norm(line.content) for line in self.lines]
+        text = self._normalised[tier]
+        wanted = [norm(line) for line in pattern]
+        last = len(text) - len(wanted)
+        # A hunk marked as at the end of the file is tried there first.
+        candidates = [last] if at_eof and last >= lo else []
+        candidates += [i for i in range(lo, last + 1) if not (at_eof and i == last)]
+        for index in candidates:
+            if (
+                text[index] == wanted[0]
+                and text[index : index + len(wanted)] == wanted
+                and self.free((index, index + len(wanted)))
+            ):
+                yield index
 
     def first(self, pattern: list[str], lo: int, at_eof: bool) -> int | None:
-        found = self._fitting(pattern, lo, at_eof)[-1]
-        return found[0] if found else None
+        for tier in range(len(_TIERS)):
+            found = next(self._places(tier, pattern, lo, at_eof), None)
+            if found is not None:
+                return found
+        return None
 
     def everywhere(self, pattern: list[str], at_eof: bool) -> list[int]:
-        return self._fitting(pattern, 0, at_eof)[-1]
+        for tier in range(len(_TIERS)):
+            found = list(self._places(tier, pattern, 0, at_eof))
+            if found:
+                return found
+        return []
 
     def free(self, region: _Region) -> bool:
         return not any(_overlaps(region, other) for other in self.taken)
