@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from patching import call, snapshot, v4a
 
 import hermes_sandbox.tools.patch_tool as patch_tool
 from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.patch_format import parse_patch
+from hermes_sandbox.tools.patch_hunks import apply_hunks
+from hermes_sandbox.tools.patch_text import PatchError
 from hermes_sandbox.tools.registry import ToolContext, registry
 
 pytestmark = pytest.mark.anyio
@@ -695,3 +700,51 @@ async def test_patch_headers_may_name_absolute_paths_inside_the_working_director
     result = await call(ctx, patch=text)
     assert result["status"] == "ok"
     assert (tmp_path / "sub" / "new.txt").read_text() == "x\n"
+
+
+# -- any text: a list of operations or a PatchError, nothing else -----------------------
+
+_PIECES = st.sampled_from(
+    [
+        "*** Begin Patch",
+        "*** End Patch",
+        "*** Add File: a.txt",
+        "*** Update File: a.txt",
+        "*** Delete File: a.txt",
+        "*** Move File: a.txt -> b.txt",
+        "*** Move to: c.txt",
+        "*** End of File",
+        "***Update File:",
+        "@@",
+        "@@ a @@",
+        "@@ -1,2 +1,2 @@ a",
+        "\\ No newline at end of file",
+        " a",
+        "-a",
+        "+a",
+        "a",
+        "",
+        "\r",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_PIECES | st.text(max_size=8), max_size=14),
+    st.lists(st.sampled_from(["a", " a", "a ", "b", "", "\ufeffa", "a\r"]), max_size=8),
+)
+def test_any_text_parses_or_is_refused_and_hunks_fit_or_are_refused(
+    pieces: list[str], file_lines: list[str]
+) -> None:
+    text = "\n".join(file_lines)
+    try:
+        operations = parse_patch("\n".join(pieces))
+    except PatchError:
+        return
+    for operation in operations:
+        try:
+            result = apply_hunks(text, operation.hunks)
+        except PatchError:
+            continue
+        assert isinstance(result, str)
