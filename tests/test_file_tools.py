@@ -150,6 +150,9 @@ async def test_invalid_utf8_is_replaced_not_refused(ctx: ToolContext, ws: Path) 
     (ws / "latin1.txt").write_bytes("café\n".encode("latin-1"))
     result = await call(ctx, "read_file", path="latin1.txt")
     assert result["content"] == "caf\ufffd\n"
+    assert "not valid UTF-8" in result["note"]
+    (ws / "utf8.txt").write_text("café \ufffd\n")  # a real U+FFFD is text, no note
+    assert "note" not in await call(ctx, "read_file", path="utf8.txt")
 
 
 # -- read_file: the size guard --------------------------------------------------------
