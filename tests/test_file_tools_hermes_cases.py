@@ -23,6 +23,7 @@ from toolcalls import call_tool
 
 from hermes_sandbox.environments.testing import FakeEnvironment, FakeSettings
 from hermes_sandbox.tools import load_builtin_tools, registry
+from hermes_sandbox.tools.file_tools import MAX_READ_FILE_BYTES
 from hermes_sandbox.tools.registry import ToolContext
 
 pytestmark = pytest.mark.anyio
@@ -392,3 +393,44 @@ async def test_hidden_files_are_searched_DIFFERENT(
     (workspace / root / ".git" / "objects.log").write_text("x")
     result = await call_tool(tool_ctx, "search_files", pattern="*.log", target="files", path=root)
     assert set(result["matches"]) == {f"{root}/{name}" for name in visible | hidden}
+
+
+# test_file_operations.py::TestSearchPathValidation::test_search_rg_error_exit_code: a search
+# the engine cannot run is an error result, not an empty list of matches.
+async def test_failed_search_is_an_error(tool_ctx: ToolContext, workspace: Path) -> None:
+    (workspace / "a.py").write_text("(\n")
+    result = await call_tool(tool_ctx, "search_files", pattern="(")
+    assert "error" in result and "matches" not in result
+
+
+# test_file_operations.py::TestShellFileOpsHelpers::test_read_file_raw_rejects_oversized_file
+async def test_oversized_file_is_refused(tool_ctx: ToolContext, workspace: Path) -> None:
+    with open(workspace / "big.log", "wb") as f:  # noqa: ASYNC230 - a sparse file, no data written
+        f.truncate(MAX_READ_FILE_BYTES + 1)
+    result = await call_tool(tool_ctx, "read_file", path="big.log")
+    assert f"{MAX_READ_FILE_BYTES + 1:,} bytes" in result["error"] and "limit" in result["error"]
+
+
+# test_file_tools.py::TestNotFoundCache (test_write_invalidates_read_negative_cache,
+# test_out_of_band_creation_defeats_cached_miss,
+# test_out_of_band_creation_defeats_cached_search_miss): a path that was missing is found
+# as soon as it exists, whoever made it. (Here nothing caches a miss at all.)
+async def test_a_file_made_after_a_miss_is_read(tool_ctx: ToolContext, workspace: Path) -> None:
+    missing = await call_tool(tool_ctx, "read_file", path="later.txt")
+    assert "File not found" in missing["error"]
+    await call_tool(tool_ctx, "write_file", path="later.txt", content="after write\n")
+    assert (await call_tool(tool_ctx, "read_file", path="later.txt"))["content"] == "after write\n"
+    assert "File not found" in (await call_tool(tool_ctx, "read_file", path="oob.txt"))["error"]
+    (workspace / "oob.txt").write_text("real content\n")
+    assert (await call_tool(tool_ctx, "read_file", path="oob.txt"))["content"] == "real content\n"
+
+
+async def test_a_directory_made_after_a_miss_is_searched(
+    tool_ctx: ToolContext, workspace: Path
+) -> None:
+    missing = await call_tool(tool_ctx, "search_files", pattern="hi", path="later-dir")
+    assert "not found" in missing["error"].lower()
+    (workspace / "later-dir").mkdir()
+    (workspace / "later-dir" / "x.txt").write_text("hi\n")
+    found = await call_tool(tool_ctx, "search_files", pattern="hi", path="later-dir")
+    assert found["total"] == 1
