@@ -243,3 +243,150 @@ def test_real_read_file_schema() -> None:
 def test_unknown_tool_is_not_coerced() -> None:
     result = json.loads(ToolRegistry().dispatch("unknown_tool", {"limit": "10"}))
     assert result == {"error": "Unknown tool: unknown_tool"}
+
+
+# -- the newer reference module, tests/tools/test_arg_coercion.py ------------------------
+
+OBJECTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "content": {"type": "string"}},
+    },
+}
+
+NESTED_CASES = [
+    # (reference case, field schema, value sent, value the handler gets)
+    (
+        "TestCoerceValue.test_array_type_parsed_from_json_string[strings]",
+        {"type": "array"},
+        '["a", "b"]',
+        ["a", "b"],
+    ),
+    (
+        "TestCoerceValue.test_array_type_parsed_from_json_string[ints]",
+        {"type": "array"},
+        "[1, 2, 3]",
+        [1, 2, 3],
+    ),
+    (
+        "TestNormalizeJsonStringsForSchema.test_parses_json_string_array_when_schema_expects_array",
+        {"type": "array", "items": {"type": "string"}},
+        '["git status", "bun test"]',
+        ["git status", "bun test"],
+    ),
+    (
+        "TestNormalizeJsonStringsForSchema.test_native_list_preserved_identity",
+        {"type": "array", "items": {"type": "object", "properties": {}}},
+        [{"id": "1"}],
+        [{"id": "1"}],
+    ),
+    (
+        "TestCoerceToolArgsNested.test_array_elements_as_json_strings_are_parsed",
+        OBJECTS,
+        ['{"id": "1", "content": "x"}'],
+        [{"id": "1", "content": "x"}],
+    ),
+    (
+        "TestCoerceToolArgsNested.test_string_subfield_with_json_content_preserved",
+        OBJECTS,
+        [{"id": "1", "content": '{"not": "parsed"}'}],
+        [{"id": "1", "content": '{"not": "parsed"}'}],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("schema", "sent", "received"),
+    [pytest.param(*case[1:], id=case[0]) for case in NESTED_CASES],
+)
+def test_nested_json_text_coerced(schema: dict[str, Any], sent: Any, received: Any) -> None:
+    assert coerce(schema, sent) == received
+
+
+def strict_echo(properties: dict[str, Any], additional: bool | None) -> ToolRegistry:
+    reg = ToolRegistry()
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if additional is not None:
+        parameters["additionalProperties"] = additional
+    reg.register(
+        name="echo",
+        toolset="test",
+        schema={"parameters": parameters},
+        handler=lambda args: dict(args),
+    )
+    return reg
+
+
+PROJECTION_CASES = [
+    # (reference case, properties, additionalProperties, args sent, args the handler gets)
+    (
+        "TestProjectToolArgs.test_preserves_declared_args",
+        {"command": {"type": "string"}, "timeout": INTEGER},
+        None,
+        {"command": "ls", "timeout": 30},
+        {"command": "ls", "timeout": 30},
+    ),
+    (
+        "TestProjectToolArgs.test_additional_properties_true_keeps_unknown",
+        {"method": {"type": "string"}},
+        True,
+        {"method": "Page.navigate", "extra": "kept"},
+        {"method": "Page.navigate", "extra": "kept"},
+    ),
+    ("TestProjectToolArgs.test_empty_args", {}, None, {}, {}),
+    (
+        "TestProjectToolArgs.test_no_properties_returns_args",
+        {},
+        None,
+        {"command": "ls"},
+        {"command": "ls"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("properties", "additional", "sent", "received"),
+    [pytest.param(*case[1:], id=case[0]) for case in PROJECTION_CASES],
+)
+def test_declared_arguments_reach_the_handler(
+    properties: dict[str, Any],
+    additional: bool | None,
+    sent: dict[str, Any],
+    received: dict[str, Any],
+) -> None:
+    assert json.loads(strict_echo(properties, additional).dispatch("echo", sent)) == received
+
+
+# TestProjectToolArgs.test_strips_unknown_arg and
+# test_additional_properties_false_strips_unknown: DIFFERENT. There an argument that a
+# schema with additionalProperties false does not declare is silently dropped; here the
+# call is refused naming the field and the allowed ones, so the model sees its mistake.
+# Either way the handler never sees the argument.
+@pytest.mark.parametrize(
+    ("properties", "sent", "unknown"),
+    [
+        pytest.param(
+            {"command": {"type": "string"}},
+            {"command": "ls", "force": True},
+            "force",
+            id="strips_unknown_arg",
+        ),
+        pytest.param(
+            {"prompt": {"type": "string"}},
+            {"prompt": "hello", "sneaky": True},
+            "sneaky",
+            id="additional_properties_false_strips_unknown",
+        ),
+    ],
+)
+def test_undeclared_argument_is_refused_DIFFERENT(
+    properties: dict[str, Any], sent: dict[str, Any], unknown: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+    reg = ToolRegistry()
+    parameters = {"type": "object", "properties": properties, "additionalProperties": False}
+    reg.register(name="t", toolset="test", schema={"parameters": parameters}, handler=seen.append)
+    result = json.loads(reg.dispatch("t", sent))
+    assert f"args.{unknown}" in result["error"] and "unknown field" in result["error"]
+    assert seen == []

@@ -168,3 +168,22 @@ async def test_real_commands_run(tool_ctx: ToolContext, workspace: Path) -> None
         tool_ctx, "terminal", command=f"cd {shlex.quote(str(workspace))} && echo ok"
     )
     assert result == {"output": "ok\n", "exit_code": 0}
+
+
+# tests/tools/test_arg_coercion.py::TestProjectToolArgs::test_real_terminal_force_is_stripped
+# and TestForceBypassIntegration::test_force_stripped_before_handler: an argument the model
+# adds (force=true) cannot get a dangerous command past approval.
+async def test_force_cannot_bypass_approval(recorder: FakeEnvironment, tmp_path: Path) -> None:
+    load_builtin_tools()
+    ctx = ToolContext(task_id="t", environment=recorder, cwd=str(tmp_path))  # no one to ask
+    result = await call_tool(ctx, "terminal", command="rm -rf /", force=True)
+    assert result["approval_required"] is True
+    assert recorder.commands == []
+
+
+# TestProjectToolArgs.test_real_terminal_declared_args_preserved: the declared arguments
+# reach the command (here timeout and workdir; this terminal has no background or pty).
+async def test_declared_terminal_arguments_are_used(tool_ctx: ToolContext, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    result = await call_tool(tool_ctx, "terminal", command="pwd", timeout=60, workdir="sub")
+    assert result == {"output": f"{workspace / 'sub'}\n", "exit_code": 0}
