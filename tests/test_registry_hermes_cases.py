@@ -53,6 +53,20 @@ def raising(exc: BaseException) -> Any:
     return check
 
 
+def registry_of(*tools: tuple[Any, ...]) -> ToolRegistry:
+    """A registry of ``(name, toolset)`` or ``(name, toolset, check_fn)`` tools."""
+    reg = ToolRegistry()
+    for name, toolset, *check in tools:
+        reg.register(
+            name=name,
+            toolset=toolset,
+            schema=schema(name),
+            handler=ok_handler,
+            check_fn=check[0] if check else None,
+        )
+    return reg
+
+
 def toolset_available(reg: ToolRegistry, toolset: str) -> bool:
     """Whether a run may use ``toolset``: it has a tool available here."""
     try:
@@ -122,21 +136,7 @@ def test_definitions_in_openai_format() -> None:
 
 # TestGetDefinitions.test_skips_unavailable_tools
 def test_definitions_skip_unavailable_tools() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="available",
-        toolset="s",
-        schema=schema("available"),
-        handler=ok_handler,
-        check_fn=lambda: True,
-    )
-    reg.register(
-        name="unavailable",
-        toolset="s",
-        schema=schema("unavailable"),
-        handler=ok_handler,
-        check_fn=lambda: False,
-    )
+    reg = registry_of(("available", "s", lambda: True), ("unavailable", "s", lambda: False))
     defs = reg.get_definitions({"available", "unavailable"})
     assert [d["function"]["name"] for d in defs] == ["available"]
 
@@ -173,17 +173,12 @@ def test_unknown_tool_dispatch_is_an_error() -> None:
 
 # TestToolsetAvailability.test_no_check_fn_is_available
 def test_toolset_without_check_is_available() -> None:
-    reg = ToolRegistry()
-    reg.register(name="t", toolset="free", schema=schema(), handler=ok_handler)
-    assert toolset_available(reg, "free") is True
+    assert toolset_available(registry_of(("t", "free")), "free") is True
 
 
 # TestToolsetAvailability.test_check_fn_controls_availability
 def test_check_fn_controls_toolset_availability() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="t", toolset="locked", schema=schema(), handler=ok_handler, check_fn=lambda: False
-    )
+    reg = registry_of(("t", "locked", lambda: False))
     assert toolset_available(reg, "locked") is False
     with pytest.raises(ToolsetError, match="no tool available"):
         tools_for_run(None, ["locked"], reg)
@@ -191,37 +186,24 @@ def test_check_fn_controls_toolset_availability() -> None:
 
 # TestToolsetAvailability.test_check_toolset_requirements
 def test_toolset_requirements_per_toolset() -> None:
-    reg = ToolRegistry()
-    reg.register(name="a", toolset="ok", schema=schema(), handler=ok_handler, check_fn=lambda: True)
-    reg.register(
-        name="b", toolset="nope", schema=schema(), handler=ok_handler, check_fn=lambda: False
-    )
+    reg = registry_of(("a", "ok", lambda: True), ("b", "nope", lambda: False))
     assert {t: toolset_available(reg, t) for t in reg.toolsets()} == {"ok": True, "nope": False}
 
 
 # TestToolsetAvailability.test_get_all_tool_names
 def test_all_tool_names_sorted() -> None:
-    reg = ToolRegistry()
-    reg.register(name="z_tool", toolset="s", schema=schema(), handler=ok_handler)
-    reg.register(name="a_tool", toolset="s", schema=schema(), handler=ok_handler)
-    assert reg.names() == ["a_tool", "z_tool"]
+    assert registry_of(("z_tool", "s"), ("a_tool", "s")).names() == ["a_tool", "z_tool"]
 
 
 # TestToolsetAvailability.test_get_registered_toolset_names
 def test_registered_toolset_names_sorted() -> None:
-    reg = ToolRegistry()
-    reg.register(name="first", toolset="zeta", schema=schema(), handler=ok_handler)
-    reg.register(name="second", toolset="alpha", schema=schema(), handler=ok_handler)
-    reg.register(name="third", toolset="alpha", schema=schema(), handler=ok_handler)
+    reg = registry_of(("first", "zeta"), ("second", "alpha"), ("third", "alpha"))
     assert reg.toolsets() == ["alpha", "zeta"]
 
 
 # TestToolsetAvailability.test_get_tool_names_for_toolset
 def test_tool_names_of_a_toolset_sorted() -> None:
-    reg = ToolRegistry()
-    reg.register(name="z_tool", toolset="grouped", schema=schema(), handler=ok_handler)
-    reg.register(name="a_tool", toolset="grouped", schema=schema(), handler=ok_handler)
-    reg.register(name="other_tool", toolset="other", schema=schema(), handler=ok_handler)
+    reg = registry_of(("z_tool", "grouped"), ("a_tool", "grouped"), ("other_tool", "other"))
     assert reg.names("grouped") == ["a_tool", "z_tool"]
 
 
@@ -242,60 +224,27 @@ def test_handler_exception_is_an_error_result() -> None:
 
 # TestCheckFnExceptionHandling.test_is_toolset_available_catches_exception
 def test_raising_check_makes_toolset_unavailable() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="t", toolset="broken", schema=schema(), handler=ok_handler, check_fn=lambda: 1 / 0
-    )
+    reg = registry_of(("t", "broken", raising(ZeroDivisionError("division by zero"))))
     assert toolset_available(reg, "broken") is False
     assert reg.is_available("t") is False
 
 
 # TestCheckFnExceptionHandling.test_check_toolset_requirements_survives_raising_check
 def test_requirements_survive_a_raising_check() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="a", toolset="good", schema=schema(), handler=ok_handler, check_fn=lambda: True
-    )
-    reg.register(
-        name="b",
-        toolset="bad",
-        schema=schema(),
-        handler=ok_handler,
-        check_fn=raising(ImportError("no module")),
-    )
+    reg = registry_of(("a", "good", lambda: True), ("b", "bad", raising(ImportError("no module"))))
     assert {t: toolset_available(reg, t) for t in reg.toolsets()} == {"good": True, "bad": False}
 
 
 # TestCheckFnExceptionHandling.test_get_definitions_skips_raising_check
 def test_definitions_skip_a_raising_check() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="ok_tool",
-        toolset="s",
-        schema=schema("ok_tool"),
-        handler=ok_handler,
-        check_fn=lambda: True,
-    )
-    reg.register(
-        name="bad_tool",
-        toolset="s2",
-        schema=schema("bad_tool"),
-        handler=ok_handler,
-        check_fn=raising(OSError("network down")),
-    )
+    reg = registry_of(("ok_tool", "s", lambda: True), ("bad_tool", "s2", raising(OSError("down"))))
     defs = reg.get_definitions({"ok_tool", "bad_tool"})
     assert [d["function"]["name"] for d in defs] == ["ok_tool"]
 
 
 # TestCheckFnExceptionHandling.test_check_tool_availability_survives_raising_check
 def test_availability_survives_a_raising_check() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="a", toolset="works", schema=schema(), handler=ok_handler, check_fn=lambda: True
-    )
-    reg.register(
-        name="b", toolset="crashes", schema=schema(), handler=ok_handler, check_fn=lambda: 1 / 0
-    )
+    reg = registry_of(("a", "works", lambda: True), ("b", "crashes", raising(ZeroDivisionError())))
     assert tools_for_run(None, ["works"], reg) == ["a"]
     with pytest.raises(ToolsetError, match="crashes"):
         tools_for_run(None, ["crashes"], reg)
@@ -430,41 +379,18 @@ def test_reading_tolerates_a_concurrent_deregister() -> None:
 
 # TestToolsetAvailabilityAggregation.test_mixed_toolset_available_when_general_tool_passes
 def test_mixed_toolset_available_when_one_tool_passes() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="read_terminal",
-        toolset="terminal",
-        schema=schema(),
-        handler=ok_handler,
-        check_fn=lambda: False,
+    reg = registry_of(
+        ("read_terminal", "terminal", lambda: False),
+        ("terminal", "terminal", lambda: True),
+        ("process", "terminal"),
     )
-    reg.register(
-        name="terminal",
-        toolset="terminal",
-        schema=schema(),
-        handler=ok_handler,
-        check_fn=lambda: True,
-    )
-    reg.register(name="process", toolset="terminal", schema=schema(), handler=ok_handler)
     assert toolset_available(reg, "terminal") is True
     assert sorted(tools_for_run(None, ["terminal"], reg) or []) == ["process", "terminal"]
 
 
 # TestToolsetAvailabilityAggregation.test_mixed_toolset_unavailable_when_every_tool_is_gated
 def test_mixed_toolset_unavailable_when_every_tool_is_gated() -> None:
-    reg = ToolRegistry()
-    reg.register(
-        name="read_terminal",
-        toolset="terminal",
-        schema=schema(),
-        handler=ok_handler,
-        check_fn=lambda: False,
-    )
-    reg.register(
-        name="terminal",
-        toolset="terminal",
-        schema=schema(),
-        handler=ok_handler,
-        check_fn=lambda: False,
+    reg = registry_of(
+        ("read_terminal", "terminal", lambda: False), ("terminal", "terminal", lambda: False)
     )
     assert toolset_available(reg, "terminal") is False
