@@ -230,15 +230,18 @@ def _bad_arguments(args: dict[str, Any]) -> str | None:
             "\"from hermes_tools import terminal\\nprint(terminal('ls')['output'])\""
         )
     code = args.get("code")
+    shell = " (a shell command goes to the terminal tool as `command`)"
     if code is None:
-        return tool_error("execute_code needs `code`: the Python script to run, as a string")
+        return tool_error(
+            "execute_code needs `code`: the Python script to run, as a string" + shell
+        )
     if not isinstance(code, str):
         return tool_error(
             f"`code` must be a string holding the Python script, not {type(code).__name__}; "
             "join the lines with newlines"
         )
     if not code.strip():
-        return tool_error("`code` is empty: pass the Python script to run")
+        return tool_error("`code` is empty: pass the Python script to run" + shell)
     return None
 
 
