@@ -53,8 +53,10 @@ class AsyncSession:
     ``env`` and the other keyword arguments (fields of
     :class:`~hermes_sandbox.runner.RunOptions`) are the session's defaults, as for
     :func:`~hermes_sandbox.execute_code`. Runs start in the session's
-    :attr:`workspace` unless ``cwd`` is given. Runs in one session are sequential: a
-    call made while another is in progress raises :class:`RunError` rather than wait.
+    :attr:`workspace` unless ``cwd`` is given (or ``start_in_workspace`` is False:
+    then where a one-shot run starts, the backend's default directory). Runs in one
+    session are sequential: a call made while another is in progress raises
+    :class:`RunError` rather than wait.
 
     Raises :class:`RunError` for options that make no sense (``persistent=True``
     among them, for now) and :class:`~hermes_sandbox.environments.BackendError` when
@@ -68,6 +70,7 @@ class AsyncSession:
         tools: Sequence[str] | None = None,
         toolsets: Sequence[str] | None = None,
         persistent: bool = False,
+        start_in_workspace: bool = True,
         timeout: float = 300,
         max_tool_calls: int = 50,
         cwd: str | None = None,
@@ -95,6 +98,7 @@ class AsyncSession:
         self._environment: Environment | None = None
         self._stage: Stage | None = None
         self._workspace: str | None = None
+        self._start_in_workspace = start_in_workspace
         self._busy: str | None = None  # what is in progress
         self._closed = False
 
@@ -220,7 +224,8 @@ class AsyncSession:
                 changes["timeout"] = timeout
             if max_tool_calls is not None:
                 changes["max_tool_calls"] = max_tool_calls
-            changes["cwd"] = cwd or self._plan.options.cwd or self._workspace
+            default = self._workspace if self._start_in_workspace else None
+            changes["cwd"] = cwd or self._plan.options.cwd or default
             options = dataclasses.replace(self._plan.options, **changes).validate()
             return await run_in_stage(
                 self._stage,
