@@ -39,6 +39,7 @@ SECTIONS = {
     "memory": "4. Host memory while a script prints to stdout",
     "concurrent": "5. Concurrent runs, each making 20 tool calls",
     "payload": "6. Large tool results, round trip",
+    "warm": "7. print(1) in a warm Session, a one-shot run beside it as the baseline",
 }
 
 
@@ -152,6 +153,20 @@ def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
         "ratio": round(api_p50 / bare_p50, 2),
         "runs": len(api),
         "bare_argv": samples[0]["bare_argv"],
+    }
+
+
+def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
+    warm = [x for s in samples for x in s["warm_ms"]]
+    one_shot = [x for s in samples for x in s["one_shot_ms"]]
+    warm_p50, one_shot_p50 = stats.median(warm), stats.median(one_shot)
+    return {
+        "warm_p50_ms": round(warm_p50, 2),
+        "warm_p90_ms": round(stats.percentile(warm, 90), 2),
+        "one_shot_p50_ms": round(one_shot_p50, 2),
+        "one_shot_p90_ms": round(stats.percentile(one_shot, 90), 2),
+        "ratio": round(warm_p50 / one_shot_p50, 3),
+        "runs": len(warm),
     }
 
 
@@ -327,6 +342,19 @@ def build_cases(settings: Settings) -> list[Case]:
                 rounds=s.payload_rounds,
                 params={"baseline": "jsonl", "size": size},
                 kind="baseline",
+            )
+        )
+    # 7. Warm runs in a Session against one-shot runs.
+    for b in BACKENDS:
+        cases.append(
+            Case(
+                id=f"warm.{b.name}",
+                section="warm",
+                label=f"print(1) / {b.name}",
+                measure=partial(subject.run_warm, b.options(), s.cold_runs),
+                summarize=_summarize_warm,
+                probe=b.probe,
+                params={"backend": b.name},
             )
         )
     return cases

@@ -199,6 +199,30 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
                 note="tool result {'data': 'x' * size}, parsed by the caller",
             )
         )
+    if "warm" in by_section:
+        out.append(
+            _simple_table(
+                "warm",
+                by_section["warm"],
+                [
+                    "warm p50 ms",
+                    "warm p90 ms",
+                    "one-shot p50 ms",
+                    "one-shot p90 ms",
+                    "ratio",
+                    "runs",
+                ],
+                lambda f: [
+                    _num(f["warm_p50_ms"], 2),
+                    _num(f["warm_p90_ms"], 2),
+                    _num(f["one_shot_p50_ms"], 2),
+                    _num(f["one_shot_p90_ms"], 2),
+                    _num(f["ratio"], 3) + "x",
+                    _num(f["runs"]),
+                ],
+                note="ratio: warm p50 / one-shot p50, the two interleaved",
+            )
+        )
     return out
 
 
