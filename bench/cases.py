@@ -141,33 +141,28 @@ class Case:
     kind: str = "subject"  # or "baseline"
 
 
-def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
-    api = [x for s in samples for x in s["api_ms"]]
-    bare = [x for s in samples for x in s["bare_ms"]]
-    api_p50, bare_p50 = stats.median(api), stats.median(bare)
+def _paired(samples: list[Sample], subject: str, baseline: str) -> dict[str, Any]:
+    """p50, p90 and count of ``<subject>_ms`` and ``<baseline>_ms`` timed in turns, and
+    the ratio of their medians."""
+    ours = [x for s in samples for x in s[f"{subject}_ms"]]
+    theirs = [x for s in samples for x in s[f"{baseline}_ms"]]
+    ours_p50, theirs_p50 = stats.median(ours), stats.median(theirs)
     return {
-        "api_p50_ms": round(api_p50, 2),
-        "api_p90_ms": round(stats.percentile(api, 90), 2),
-        "bare_p50_ms": round(bare_p50, 2),
-        "bare_p90_ms": round(stats.percentile(bare, 90), 2),
-        "ratio": round(api_p50 / bare_p50, 2),
-        "runs": len(api),
-        "bare_argv": samples[0]["bare_argv"],
+        f"{subject}_p50_ms": round(ours_p50, 2),
+        f"{subject}_p90_ms": round(stats.percentile(ours, 90), 2),
+        f"{baseline}_p50_ms": round(theirs_p50, 2),
+        f"{baseline}_p90_ms": round(stats.percentile(theirs, 90), 2),
+        "ratio": round(ours_p50 / theirs_p50, 3),
+        "runs": len(ours),
     }
+
+
+def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
+    return {**_paired(samples, "api", "bare"), "bare_argv": samples[0]["bare_argv"]}
 
 
 def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
-    warm = [x for s in samples for x in s["warm_ms"]]
-    one_shot = [x for s in samples for x in s["one_shot_ms"]]
-    warm_p50, one_shot_p50 = stats.median(warm), stats.median(one_shot)
-    return {
-        "warm_p50_ms": round(warm_p50, 2),
-        "warm_p90_ms": round(stats.percentile(warm, 90), 2),
-        "one_shot_p50_ms": round(one_shot_p50, 2),
-        "one_shot_p90_ms": round(stats.percentile(one_shot, 90), 2),
-        "ratio": round(warm_p50 / one_shot_p50, 3),
-        "runs": len(warm),
-    }
+    return _paired(samples, "warm", "one_shot")
 
 
 def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
@@ -271,19 +266,25 @@ def build_cases(settings: Settings) -> list[Case]:
         )
     )
 
-    # 3. Cold runs, the bare interpreter timed beside each.
-    for b in BACKENDS:
-        cases.append(
-            Case(
-                id=f"cold.{b.name}",
-                section="cold",
-                label=f"print(1) / {b.name}",
-                measure=partial(subject.run_cold, b.options(), s.cold_runs),
-                summarize=_summarize_cold,
-                probe=b.probe,
-                params={"backend": b.name},
+    # 3. Cold runs, the bare interpreter timed beside each; 7. warm runs in a Session,
+    # a one-shot run timed beside each.
+    paired = [
+        ("cold", subject.run_cold, _summarize_cold),
+        ("warm", subject.run_warm, _summarize_warm),
+    ]
+    for section, measure, summarize in paired:
+        for b in BACKENDS:
+            cases.append(
+                Case(
+                    id=f"{section}.{b.name}",
+                    section=section,
+                    label=f"print(1) / {b.name}",
+                    measure=partial(measure, b.options(), s.cold_runs),
+                    summarize=summarize,
+                    probe=b.probe,
+                    params={"backend": b.name},
+                )
             )
-        )
 
     # 4. Memory.
     for b in BACKENDS:
@@ -342,19 +343,6 @@ def build_cases(settings: Settings) -> list[Case]:
                 rounds=s.payload_rounds,
                 params={"baseline": "jsonl", "size": size},
                 kind="baseline",
-            )
-        )
-    # 7. Warm runs in a Session against one-shot runs.
-    for b in BACKENDS:
-        cases.append(
-            Case(
-                id=f"warm.{b.name}",
-                section="warm",
-                label=f"print(1) / {b.name}",
-                measure=partial(subject.run_warm, b.options(), s.cold_runs),
-                summarize=_summarize_warm,
-                probe=b.probe,
-                params={"backend": b.name},
             )
         )
     return cases
