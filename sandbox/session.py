@@ -388,7 +388,8 @@ class Session:
 
     def close(self) -> None:
         """Remove everything the session started, and stop its event loop. Idempotent."""
-        if self._portal is None:
+        if self._portal is None:  # never started: nothing to remove, but closed all the same
+            self._session._closed = True
             return
         try:
             self._portal.call(self._session.aclose)

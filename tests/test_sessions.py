@@ -23,8 +23,9 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import IMAGE, RUN_ID, TEST_LABEL
+from conftest import IMAGE, RUN_ID, TEST_LABEL, is_gone
 from test_conformance import (  # noqa: F401 - fixtures, found by name
+    ALIVE,
     held_daytona,
     held_local,
     held_modal,
@@ -73,6 +74,14 @@ class SessionTarget:
     def session(self, **options: Any) -> Session:
         options.setdefault("timeout", TIMEOUT)
         return Session(self.backend, transport=self.transport, **{**self.options, **options})
+
+    def alive(self, pids: list[int]) -> list[int]:
+        """Those of ``pids`` still running where the session's scripts run."""
+        assert self.held is not None
+        command = "python3 -c " + shlex.quote(ALIVE) + " " + " ".join(map(str, pids))
+        result = self.portal.call(self.held.execute, command)
+        assert result.exit_code == 0, result.output
+        return [int(line) for line in result.output.split()]
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists where the session's scripts run."""
@@ -154,10 +163,15 @@ def test_reset_gives_a_fresh_environment(target: SessionTarget) -> None:
 
 
 def test_close_leaves_nothing_behind(target: SessionTarget) -> None:
+    daemon = (
+        "\nimport subprocess\n"
+        "child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "print(child.pid)"
+    )
     with target.session() as s:
-        result = s.run(WHERE)
+        result = s.run(WHERE + daemon)
         assert result.status == "success", result.output
-        stage, workspace = result.output.split()
+        stage, workspace, pid = result.output.split()
         environment = s.environment
         assert environment is not None
         container = getattr(environment, "container_id", None)
@@ -172,6 +186,7 @@ def test_close_leaves_nothing_behind(target: SessionTarget) -> None:
     else:
         assert not target.exists(stage), "the stage is left"
         assert not target.exists(workspace), "the workspace is left"
+        assert target.alive([int(pid)]) == [], "a process the session started is left"
     if instance is not None:
         running = target.portal.call(target.held._list_instances, instance)  # type: ignore[union-attr]
         assert instance not in running, "the session's apptainer instance is left"
@@ -326,9 +341,7 @@ def test_cancelling_a_run_kills_the_script_and_keeps_the_session(tmp_path: Path)
             return (await s.run("print('after')")).output.strip()
 
     assert anyio.run(main) == "after"
-    pid = int(pid_file.read_text())
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    assert is_gone(int(pid_file.read_text()))
 
 
 # -- the execute_code tool: one session per task id -------------------------------------------
