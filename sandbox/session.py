@@ -387,15 +387,23 @@ class Session:
         self._call(self._session.reset)
 
     def close(self) -> None:
-        """Remove everything the session started, and stop its event loop. Idempotent."""
+        """Remove everything the session started, and stop its event loop. Idempotent.
+        Raises RunError while a run (in another thread) is in progress."""
         if self._portal is None:  # never started: nothing to remove, but closed all the same
             self._session._closed = True
             return
         try:
             self._portal.call(self._session.aclose)
-        finally:
-            portal_cm, self._portal, self._portal_cm = self._portal_cm, None, None
-            portal_cm.__exit__(None, None, None)
+        except RunError:
+            raise  # a run in progress (in another thread): the session and its loop stay
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        portal_cm, self._portal, self._portal_cm = self._portal_cm, None, None
+        portal_cm.__exit__(None, None, None)
 
 
 __all__ = ["PERSISTENT_NOT_AVAILABLE", "AsyncSession", "Session"]

@@ -300,6 +300,40 @@ def test_a_second_run_while_one_runs_is_refused(tmp_path: Path) -> None:
     anyio.run(main)
 
 
+def test_sync_session_refuses_a_run_or_close_from_another_thread_meanwhile(
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "go"
+    code = (
+        "import os, time\n"
+        f"print('started', flush=True)\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+        "print('done')"
+    )
+    started = threading.Event()
+    outcome: dict[str, Any] = {}
+    with Session(timeout=TIMEOUT) as s:
+
+        def first() -> None:
+            outcome["result"] = s.run(code, on_stdout=lambda line: started.set())
+
+        worker = threading.Thread(target=first)
+        worker.start()
+        try:
+            assert started.wait(TIMEOUT)
+            with pytest.raises(RunError, match="sequential"):
+                s.run("print(2)")
+            with pytest.raises(RunError, match="in progress"):
+                s.close()
+            assert not s.closed
+        finally:
+            gate.write_text("")
+            worker.join(TIMEOUT)
+        assert outcome["result"].output.split() == ["started", "done"]
+        assert s.run("print(3)").output.strip() == "3"  # still usable
+        workspace = s.workspace
+    assert s.closed and workspace is not None and not os.path.exists(workspace)
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_async_session_on_asyncio_and_trio(backend: str, tmp_path: Path) -> None:
     source = tmp_path / "in.txt"
