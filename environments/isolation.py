@@ -213,8 +213,8 @@ def _bwrap_argv(
     if not network:
         argv.append("--unshare-net")  # a network namespace of its own: loopback only
     # A stage removed meanwhile is left out: bwrap refuses a bind of nothing.
-    extra = [os.path.realpath(p) for p in writable if os.path.isdir(p)]
-    mine = [os.path.realpath(p) for p in ([] if cwd is None else [cwd])] + extra
+    mine = [os.path.realpath(p) for p in ([] if cwd is None else [cwd])]
+    mine += [os.path.realpath(p) for p in writable if os.path.isdir(p)]
     argv += _mounts(mine, python, network)
     argv += ["--chdir", mine[0] if cwd is not None else "/", "--"]
     return argv

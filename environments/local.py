@@ -326,16 +326,16 @@ class LocalEnvironment(Environment, Runtime):
 
     async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
         made = tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
-        if not any(_within(made, stage) for stage in self._stages):
-            self._stages.append(made)
+        self._stages.append(made)
         return made
 
     async def remove_tree(self, path: str) -> None:
+        def remove() -> list[str]:
+            shutil.rmtree(path, ignore_errors=True)
+            return [stage for stage in self._stages if os.path.isdir(stage)]
+
         # The run's own cleanup, not a tool's: on the kill's threads, which tools never hold.
-        await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(path, ignore_errors=True), limiter=kill_limiter()
-        )
-        self._stages = [stage for stage in self._stages if not _within(stage, path)]
+        self._stages = await anyio.to_thread.run_sync(remove, limiter=kill_limiter())
 
 
 class LocalProcess(SandboxProcess):
@@ -437,12 +437,6 @@ class _EmptyStream(anyio.abc.ByteReceiveStream):
 
     async def aclose(self) -> None:
         return None
-
-
-def _within(path: str, directory: str) -> bool:
-    return os.path.commonpath([os.path.abspath(path), os.path.abspath(directory)]) == (
-        os.path.abspath(directory)
-    )
 
 
 def _kind(mode: int) -> FileKind:

@@ -396,10 +396,14 @@ def test_a_working_directory_in_tmp_lies_over_the_private_tmp() -> None:
 
 
 def test_a_root_working_directory_still_gets_private_and_hidden_directories() -> None:
-    order = mounts(WORKING.prefix(cwd="/", writable=[], python="/usr/bin/python3", network=False))
+    with tempfile.TemporaryDirectory(dir="/tmp") as stage:
+        stage = os.path.realpath(stage)
+        argv = WORKING.prefix(cwd="/", writable=[stage], python="/usr/bin/python3", network=False)
+    order = mounts(argv)
     assert order[0] == ("--bind", "/")  # asked for: the whole system writable
     assert ("--ro-bind", "/") not in order
-    assert ("--tmpfs", "/tmp") in order and ("--proc", "/proc") in order
+    assert ("--dev", "/dev") in order and ("--proc", "/proc") in order
+    assert order.index(("--tmpfs", "/tmp")) < order.index(("--bind", stage))
 
 
 def test_an_interpreter_under_a_hidden_directory_is_bound_read_only() -> None:
