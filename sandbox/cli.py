@@ -15,7 +15,7 @@ import signal
 import sys
 import termios
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 
@@ -309,7 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--network",
         action="store_true",
         help="give a sandbox network access, for a backend that can block it (default: "
-        "none, loopback only)",
+        "none, loopback only; on local, under bwrap)",
+    )
+    run.add_argument(
+        "--isolation",
+        metavar="auto|bwrap|none",
+        help="how the local backend contains the script: under bubblewrap (bwrap), or "
+        "not at all (none); auto: bwrap where it works (default: the config's "
+        "backends.local.isolation, else $HERMES_SANDBOX_ISOLATION, else auto)",
     )
     run.add_argument(
         "--env",
@@ -432,14 +439,16 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
     limits = config.limits
     timeout = limits.timeout if args.timeout is None else args.timeout
     calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
-    # The backend's settings, built once: the config file's section, then -o, --image
-    # and --network, each refused with its place if it does not fit.
+    # The backend's settings, built once: the config file's section, then -o, --image,
+    # --network and --isolation, each refused with its place if it does not fit.
     settings_class = get_settings_class(backend)
     settings = settings_class.build(
         [
             config.backend_layer(backend),
             *settings_class.parse_options(args.backend_option),
-            *settings_class.flag_layers(image=args.image, network=args.network),
+            *settings_class.flag_layers(
+                image=args.image, network=args.network, isolation=args.isolation
+            ),
         ]
     )
     return RunOptions(
@@ -520,13 +529,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in BACKENDS:
+        details: dict[str, str] = {}
         try:
-            reason = config.backend_settings(name).availability()
+            settings = config.backend_settings(name)
+            reason = settings.availability()
+            details = settings.details()
         except SandboxError as exc:  # settings that do not fit, a backend that cannot load
             reason = str(exc)
-        rows.append({"backend": name, "available": reason is None, "reason": reason})
+        rows.append({"backend": name, "available": reason is None, "reason": reason, **details})
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
@@ -536,6 +548,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         if row["reason"]:
             line += f": {' '.join(str(row['reason']).split())}"
         sys.stdout.write(line + "\n")
+        for key, value in row.items():
+            if key not in ("backend", "available", "reason"):
+                sys.stdout.write(f"{'':<12} {key}: {value}\n")
     return 0
 
 
