@@ -37,6 +37,40 @@ def safe(ref: str, *commands: str) -> list[Case]:
     return [Case(ref, command, False) for command in commands]
 
 
+_CREDENTIAL_DIRECTORIES = (
+    ".aws",
+    ".gnupg",
+    ".kube",
+    ".docker",
+    ".azure",
+    ".config/gh",
+    ".config/gcloud",
+)
+_CREDENTIAL_VECTORS = (
+    "echo x >> {p}/arbitrary/nested/token",
+    "echo x > {p}/token",
+    "echo x | tee -a {p}/token",
+    "cp input {p} && true",
+    'mv input "{p}"; true',
+    'install -m600 input "{p}" || true',
+    "sed -i 's/a/b/' {p}/token",
+    "sed -n -i 's/a/b/' {p}/token",
+    "perl -pi 's/a/b/' {p}/token",
+    "ruby -i -pe 'gsub(/a/, \"b\")' {p}/token",
+)
+_CREDENTIAL_CONTROLS = (
+    "echo x >> ~/{d}-backup/token",
+    "cp input ~/{d}-backup && true",
+    "mv input ~/{d}-backup; true",
+    "install input ~/{d}-backup || true",
+    "echo x > ~/{d}#backup",
+    "cp ~/{d}/token /tmp/token-copy",
+    "cat ~/{d}/token",
+    "grep -r token ~/{d}/token",
+    "sed --posix 's/a/b/' ~/{d}/token",
+    "sed -n 's/a/b/p' ~/{d}/token",
+)
+
 CASES: list[Case] = [
     # -- deleting ---------------------------------------------------------------------
     *flag(
@@ -542,6 +576,98 @@ CASES: list[Case] = [
         "TestWindowsShellDestructiveCommands::test_plain_text_does_not_trigger_windows_delete",
         "echo remember to del old notes",
     ),
+    # -- tests/tools/test_approval_git_global_options.py ------------------------------
+    *flag(
+        "test_approval_git_global_options::test_flagged",
+        "git -C /tmp/x reset --hard",
+        "git --work-tree /tmp/x reset --hard",
+        "git -c core.pager=cat reset --hard",
+        "git --git-dir /tmp/x/.git --work-tree /tmp/x reset --hard",
+        "git --no-pager -C /tmp/x reset --hard",
+        "git -C /tmp/x push --force origin main",
+        "git -C /tmp/x push -f origin main",
+        "git -C /tmp/x clean -fdx",
+        "git -C /tmp/x branch -D feature",
+        "git -C /tmp/x branch --delete --force feature",
+        'git -C "/tmp/g space" reset --hard',
+        'git -C "/tmp/g space" push --force origin main',
+        'git -C "/tmp/g space" clean -fdx',
+        'git -C "/tmp/g space" branch -D feature',
+        "git --work-tree '/tmp/g space' --git-dir '/tmp/g space/.git' reset --hard",
+        'git --git-dir="/tmp/g space/.git" reset --hard',
+    ),
+    *safe(
+        "test_approval_git_global_options::test_not_flagged",
+        "git -C /tmp/x status",
+        "git -C /tmp/x push origin main",
+        "git -C /tmp/x branch -d feature",
+        "git --no-pager log push --force",
+        "git status && echo push --force",
+        'git -C "/tmp/g space" status',
+    ),
+    # -- tests/tools/test_approval_container_rm_flag.py --------------------------------
+    *safe(
+        "test_approval_container_rm_flag::test_docker_rm_flag_not_flagged",
+        "docker run --rm --network=none alpine:3.20 true",
+        "docker run --rm alpine:3.20 true",
+        "docker run --rm -v /host:/x alpine:3.20 true",
+        "docker run --rm alpine:3.20 ls -r",
+        "podman run --rm --network=none alpine:3.20 true",
+    ),
+    *flag(
+        "test_approval_container_rm_flag::test_real_recursive_rm_still_flagged_after_flag_fix",
+        "rm -rf /tmp/x",
+        "sudo rm -rf /tmp/x",
+        "foo; rm -r bar",
+        "echo x && rm -rf /tmp/y",
+    ),
+    # -- tests/tools/test_approval_bun_deno_eval.py ------------------------------------
+    *flag(
+        "test_approval_bun_deno_eval::test_inline_eval_detected",
+        'bun -e "console.log(1)"',
+        'bun --eval "console.log(1)"',
+        'deno eval "console.log(1)"',
+        'deno -e "console.log(1)"',
+        'deno --eval "console.log(1)"',
+        'sudo bun -e "console.log(1)"',
+        'sudo deno eval "console.log(1)"',
+        'BUN.EXE -e "console.log(1)"',
+        'Deno.exe eval "console.log(1)"',
+        'bun << "EOF"\nconsole.log("pwned")\nEOF',
+        "deno << 'EOF'\nconsole.log(\"pwned\")\nEOF",
+        'bun -e "console.log(1)',
+    ),
+    *safe(
+        "test_approval_bun_deno_eval::test_plain_bun_deno_invocations_not_flagged",
+        "bun install",
+        "bun run build",
+        "deno run server.ts",
+        "deno test",
+        "deno lint",
+        "deno run eval.ts",
+        "echo 'use deno eval for that'",
+    ),
+    # -- tests/tools/test_approval_credential_directories.py ---------------------------
+    *flag(
+        "test_approval_credential_directories::test_credential_directory_mutations",
+        *(
+            vector.format(p=f"{home}/{directory}")
+            for home in ("~", "$HOME", "${HOME}", "/home/credential-test-user", "/root")
+            for directory in _CREDENTIAL_DIRECTORIES
+            for vector in _CREDENTIAL_VECTORS
+        ),
+    ),
+    *safe(
+        "test_approval_credential_directories::test_credential_directory_controls_stay_safe",
+        *(
+            command.format(d=directory)
+            for directory in _CREDENTIAL_DIRECTORIES
+            for command in _CREDENTIAL_CONTROLS
+        ),
+        "echo x > ~/.config/nvim/init.lua",
+        "cp input ~/.config/Code/User/settings.json",
+        "sed -i 's/a/b/' ~/.config/systemd/user/app.service",
+    ),
 ]
 
 # Where this project deliberately answers differently (docs/compatibility.md, "Approval").
@@ -551,6 +677,8 @@ DIFFERS: dict[str, str] = {
     "bash -lc \\\n'echo pwned'": "shell code is analysed",
     # Hermes exempts the temp scripts it writes itself; there are none here
     "rm -f /tmp/hermes-verify-example.py": "no Hermes temp-script exemption",
+    # systemd user units run code at login: protected here, as write_file refuses them
+    "sed -i 's/a/b/' ~/.config/systemd/user/app.service": "~/.config/systemd is protected",
 }
 CASES += [
     *flag("TestDetectDangerousSudo::test_shell_via_c_flag", "bash -c 'echo pwned'"),

@@ -62,7 +62,7 @@ from hermes_sandbox.tools.protected_paths import (
     PROTECTED_HOME_ENTRIES,
     PROTECTED_SYSTEM_DIRS,
 )
-from hermes_sandbox.tools.routine_patterns import ROUTINE_PATTERNS
+from hermes_sandbox.tools.routine_patterns import ROUTINE_PATTERNS, SUBCOMMAND_OPTIONS
 from hermes_sandbox.tools.shell_words import (
     SimpleCommand,
     expand_words,
@@ -418,6 +418,9 @@ def _invocation(words: list[str]) -> _Invocation | None:
     if program.startswith("/etc/init.d/"):
         program, raw = "service", [posixpath.basename(program), *raw]
     name = posixpath.basename(program)
+    before_subcommand = SUBCOMMAND_OPTIONS.get(name)
+    if before_subcommand is not None:
+        raw = raw[read_options(raw, 0, before_subcommand).end :]
     longs = LONG_OPTIONS.get(name)
     if longs:
         end = raw.index("--") if "--" in raw else len(raw)

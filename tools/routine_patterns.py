@@ -27,6 +27,7 @@ from hermes_sandbox.tools.command_rules import (
     rx,
     script,
 )
+from hermes_sandbox.tools.wrappers import Wrapper
 
 
 def _routine(key: str, programs: str, regex: str, reason: str, flags: int = 0) -> DangerousPattern:
@@ -41,7 +42,6 @@ def _wrapper(key: str, wrappers: str, regex: str, reason: str) -> DangerousPatte
 
 # A project's secrets and settings: .env, .env.local, config.yaml, by any path.
 _PROJECT_CONFIG = r"(?:\S*/)?(?:\.env(?:\.[^/ ]+)?|config\.yaml)"
-_GIT_GLOBALS = r"^(?:(?:-C|-c|--git-dir|--work-tree|--namespace) \S+ |-\S+ )*"
 _IMDS_HOSTS = (
     r"(?:169\.254\.169\.254|metadata\.google\.internal|\[fd00:ec2::254\]|100\.100\.100\.200)"
 )
@@ -49,6 +49,45 @@ _HERMES_GATEWAY_LABEL = r"ai\.hermes\.gateway\b"
 _LAUNCHD_STOPS = r"(?:stop|kickstart|bootout|unload|kill|disable|remove)"
 _ROOT_OWNER = r"root(?:[:.]\S*)?"
 _PACKAGE_OPTIONS = r"^(?:-\S+(?: [^-\s]\S*)? )*"
+
+# Options a program reads before its subcommand; the table sees the arguments from the
+# subcommand on, so "git -C '/a b' reset --hard" reads as "reset --hard".
+SUBCOMMAND_OPTIONS: dict[str, Wrapper] = {
+    "git": Wrapper(
+        values=frozenset(
+            [
+                "-C",
+                "-c",
+                "--git-dir",
+                "--work-tree",
+                "--namespace",
+                "--exec-path",
+                "--config-env",
+                "--super-prefix",
+                "--list-cmds",
+            ]
+        ),
+        flags=frozenset(
+            [
+                "--no-pager",
+                "--paginate",
+                "--bare",
+                "--no-replace-objects",
+                "--literal-pathspecs",
+                "--glob-pathspecs",
+                "--noglob-pathspecs",
+                "--icase-pathspecs",
+                "--no-optional-locks",
+                "--no-advice",
+                "--html-path",
+                "--man-path",
+                "--info-path",
+                "--version",
+                "--help",
+            ]
+        ),
+    ),
+}
 
 ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     # -- deleting ---------------------------------------------------------------------
@@ -85,8 +124,8 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     ),
     _routine(
         "interpreter-inline-code-js",
-        "node|nodejs|bun|deno",
-        r"^(?:-\S+ )*(?:-e|--eval|-p|--print)(?:[ =]|$)",
+        r"(?i:(?:node|nodejs|bun|deno)(?:\.exe)?)",
+        r"^(?:-\S+ )*(?:-e|--eval|-p|--print)(?:[ =]|$)|^eval(?: |$)",
         "runs code given on the command line (node -e)",
     ),
     _routine(
@@ -100,7 +139,7 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     ),
     redirect(
         "interpreter-heredoc",
-        r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|perl|ruby|php) <<",
+        r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|bun|deno|perl|ruby|php) <<",
         "runs code from a here-document in an interpreter",
         session="pattern",
     ),
@@ -204,25 +243,25 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     _routine(
         "git-reset-hard",
         "git",
-        rf"{_GIT_GLOBALS}reset (?:.* )?--h(?:a(?:r(?:d)?)?)?{END}",
+        rf"^reset (?:.* )?--h(?:a(?:r(?:d)?)?)?{END}",
         "discards uncommitted changes (git reset --hard)",
     ),
     _routine(
         "git-push-force",
         "git",
-        rf"{_GIT_GLOBALS}push (?:.* )?(?:--force\S*|-[a-zA-Z]*f[a-zA-Z]*){END}",
+        rf"^push (?:.* )?(?:--force\S*|-[a-zA-Z]*f[a-zA-Z]*){END}",
         "rewrites a remote's history (git push --force)",
     ),
     _routine(
         "git-clean-force",
         "git",
-        rf"{_GIT_GLOBALS}clean (?:.* )?(?:-[a-zA-Z]*f[a-zA-Z]*|--force){END}",
+        rf"^clean (?:.* )?(?:-[a-zA-Z]*f[a-zA-Z]*|--force){END}",
         "deletes untracked files (git clean -f)",
     ),
     _routine(
         "git-branch-force-delete",
         "git",
-        rf"{_GIT_GLOBALS}branch (?:(?=(?:.* )?-[a-zA-Z]*D)"
+        rf"^branch (?:(?=(?:.* )?-[a-zA-Z]*D)"
         rf"|(?=(?:.* )?(?:-[a-zA-Z]*d[a-zA-Z]*|--delete){END})"
         rf"(?=(?:.* )?(?:-[a-zA-Z]*f[a-zA-Z]*|--force){END}))",
         "deletes a branch that may not be merged (git branch -D)",
