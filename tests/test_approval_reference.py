@@ -668,6 +668,138 @@ CASES: list[Case] = [
         "cp input ~/.config/Code/User/settings.json",
         "sed -i 's/a/b/' ~/.config/systemd/user/app.service",
     ),
+    # -- tests/tools/test_approval_comment_boundaries.py -------------------------------
+    *flag(
+        "test_approval_comment_boundaries::test_executable_suffix_is_hardline_blocked",
+        "printf SAFE\r#x; reboot",
+        "printf SAFE\u00a0#x; reboot",
+        "printf SAFE\v#x; reboot",
+        "printf SAFE\f#x; reboot",
+        "printf SAFE\u2003#x; reboot",
+        "printf SAFE\\ #x; reboot",
+        "printf SAFE\\\t#x; reboot",
+        "printf SAFE\\;#x; reboot",
+        "printf SAFE\\\n#x; reboot",
+        "printf 'SAFE '#x; reboot",
+        'printf "SAFE "#x; reboot',
+        "printf $(printf hi)#x; reboot",
+        "printf $((1 + 2))#x; reboot",
+        "printf ${value:-SAFE}#x; reboot",
+        "printf `printf hi`#x; reboot",
+        "printf <(printf hi)#x; reboot",
+        "printf @(SAFE)#x; reboot",
+        "values=(SAFE)#x; reboot",
+        "printf '%s' $( (printf hi))#x; reboot",
+        "printf '%s' $(case x in x) printf hi;; esac)#x; reboot",
+        "printf '%s' $(printf '%s' then case x in x)#; reboot",
+        "printf '%s' $(printf '%s' ${value:- # literal}); reboot",
+        "printf '%s' $(printf '%s' ${value:- # literal})#x; reboot",
+        "[[ a =~ (a)# ]]; reboot",
+        "printf '%s' $\\\n'\\' #'; reboot",
+        "(printf SAFE)# comment\nreboot",
+        "safe()# comment\n{ printf SAFE; }; reboot",
+    ),
+    *safe(
+        "test_approval_comment_boundaries::test_genuine_comments_do_not_trigger_approval",
+        "printf SAFE # comment; reboot",
+        "printf SAFE\t# comment; reboot",
+        "printf SAFE;# comment; reboot",
+        "printf SAFE|# comment; reboot\ncat",
+        "printf SAFE&# comment; reboot",
+        "(printf SAFE)# comment; reboot",
+        "((1 + 2))# comment; reboot",
+        "safe()# comment; reboot\n{ printf SAFE; }; safe",
+        "case x in x)# comment; reboot\nprintf SAFE;; esac",
+        "printf SAFE \\\n# comment; reboot",
+        "(printf SAFE)\\\n# comment; reboot",
+        "printf '%s' <((printf SAFE)# comment; reboot\n)#x",
+        "printf '%s' $\\\n'it\\'s' # comment; reboot",
+        "printf $(printf hi) # comment; reboot",
+        "printf $((1 + 2)) # comment; reboot",
+        'printf "$(printf hi)" # comment; reboot',
+    ),
+    # -- tests/tools/test_approval_grep_in_substitution.py -----------------------------
+    *safe(
+        "test_approval_grep_in_substitution::test_grep_inside_a_substitution_is_not_malformed",
+        'sed -n "$(grep -n X f | cut -d: -f1),+3p" f',
+        "sed -n \"$(grep -n '^### 1.' d.md | cut -d: -f1),$(grep -n '^### 3.' d.md | cut -d: "
+        '-f1)p" d.md',
+        'echo "$(grep -c x f)"',
+        'x="$(grep -n foo bar | head -1)"; echo $x',
+        "for f in a b; do echo \"$f sig=$(grep -cE '^x' $f)\"; done",
+        "echo `grep -c x f`",
+    ),
+    *flag(
+        "test_approval_grep_in_substitution::test_genuinely_unbalanced_quoting_fails_closed",
+        "grep 'unterminated",
+    ),
+    *flag(
+        "test_approval_grep_in_substitution::test_hardline_patterns_unchanged",
+        "rm -rf /",
+        'echo "$(rm -rf /)"',
+        "sudo shutdown -h now",
+    ),
+    *flag(
+        "test_approval_grep_in_substitution::test_hardline_command_inside_a_quoted_substitution",
+        "echo \"$(grep -P 'safe' /dev/null\nreboot)\"",
+        'echo "$(grep x f; reboot)"',
+        'echo "$(grep x f && reboot)"',
+        'echo "$(grep x f | shutdown -h now)"',
+        'echo "$(echo $(grep x f)\nreboot)"',
+        'echo "`grep x f\nreboot`"',
+    ),
+    *safe(
+        "test_approval_grep_in_substitution::test_benign_shapes_stay_allowed",
+        "grep -e `echo needle` file",
+        "grep -F 'sudo reboot' notes.md",
+        'git commit -m "fix\nsudo reboot handling"',
+    ),
+    # -- tests/tools/test_approval_global_flag_scan.py ---------------------------------
+    *flag(
+        "test_approval_global_flag_scan::test_long_flag_runs_still_reach_the_target",
+        *(
+            command.replace("{run}", "--opt val --flag=x -q - " * 58)
+            for command in (
+                "hermes {run}gateway restart",
+                "docker {run}-H ssh://prod ps",
+                "docker {run}--context=prod ps",
+                "podman {run}--url tcp://prod ps",
+                "podman {run}--remote ps",
+                "docker compose {run}down",
+                "docker {run}kill app",
+            )
+        ),
+    ),
+    *safe(
+        "test_approval_global_flag_scan::test_nonmatching_flag_runs_finish",
+        *(
+            f"{prefix} {run}ps 2>/dev/null"
+            for prefix in (
+                "rclone lsf $HOME/.hermes --recursive --files-only",
+                "hermes",
+                "docker",
+                "docker compose",
+                "podman",
+            )
+            for run in ("--exclude " * 58, "--opt val " * 58, "--opt=val " * 58)
+        ),
+    ),
+    *flag(
+        "test_approval_global_flag_scan::test_value_whitespace_decisions_are_unchanged",
+        "docker --log-level debug stop app",
+        "docker --log-level\tdebug stop app",
+        "docker compose --project-name demo  down",
+        "hermes --config  x.yaml gateway restart",
+    ),
+    *safe(
+        "test_approval_global_flag_scan::test_value_whitespace_decisions_are_unchanged",
+        "docker --log-level  debug stop app",
+        "docker --log-level  debug -H ssh://prod ps",
+        "docker --log-level  debug --context prod ps",
+        "podman --log-level  debug --remote ps",
+        "podman --log-level  debug --url tcp://prod ps",
+        "docker compose --project-name  demo down",
+    ),
 ]
 
 # Where this project deliberately answers differently (docs/compatibility.md, "Approval").
@@ -679,6 +811,15 @@ DIFFERS: dict[str, str] = {
     "rm -f /tmp/hermes-verify-example.py": "no Hermes temp-script exemption",
     # systemd user units run code at login: protected here, as write_file refuses them
     "sed -i 's/a/b/' ~/.config/systemd/user/app.service": "~/.config/systemd is protected",
+    # an unterminated quote is read to the end, and what came before it is still checked
+    "grep 'unterminated": "lenient reading of unterminated quotes",
+    # the shell collapses runs of blanks between words; the reference's regexes do not
+    "docker --log-level  debug stop app": "blank runs read as one blank",
+    "docker --log-level  debug -H ssh://prod ps": "blank runs read as one blank",
+    "docker --log-level  debug --context prod ps": "blank runs read as one blank",
+    "podman --log-level  debug --remote ps": "blank runs read as one blank",
+    "podman --log-level  debug --url tcp://prod ps": "blank runs read as one blank",
+    "docker compose --project-name  demo down": "blank runs read as one blank",
 }
 CASES += [
     *flag("TestDetectDangerousSudo::test_shell_via_c_flag", "bash -c 'echo pwned'"),

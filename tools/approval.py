@@ -757,16 +757,18 @@ def detect_dangerous(
         ]
     detector = _Detector(patterns)
     detector.run(command)
-    visible = _as_displayed(command)
-    if visible != command:
-        detector.run(visible)  # what a human reading the command would take it to be
+    for reading in _other_readings(command):
+        detector.run(reading)
     return detector.findings()
 
 
-def _as_displayed(command: str) -> str:
-    """``command`` as it reads on a terminal: escape sequences and NUL bytes gone,
-    look-alike characters (fullwidth ``ｒｍ``) folded to what they look like."""
-    return unicodedata.normalize("NFKC", strip_ansi(command).replace("\x00", ""))
+def _other_readings(command: str) -> list[str]:
+    """Other ways to read ``command``, each checked too: as it looks on a terminal (escape
+    sequences and NUL bytes gone, look-alike letters such as fullwidth ``ｒｍ`` folded),
+    and with its line continuations joined first (``$\\<newline>'...'`` is ``$'...'``)."""
+    displayed = unicodedata.normalize("NFKC", strip_ansi(command).replace("\x00", ""))
+    joined = command.replace("\\\n", "")
+    return list(dict.fromkeys(r for r in (displayed, joined) if r != command))
 
 
 # -- the policy ----------------------------------------------------------------------

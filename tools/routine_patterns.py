@@ -48,7 +48,9 @@ _IMDS_HOSTS = (
 _HERMES_GATEWAY_LABEL = r"ai\.hermes\.gateway\b"
 _LAUNCHD_STOPS = r"(?:stop|kickstart|bootout|unload|kill|disable|remove)"
 _ROOT_OWNER = r"root(?:[:.]\S*)?"
-_PACKAGE_OPTIONS = r"^(?:-\S+(?: [^-\s]\S*)? )*"
+# Options before a subcommand, each maybe with a value: "--log-level debug", "-q", "-".
+_OPTION = r"-\S*(?: [^-\s]\S*)? "
+_OPTIONS = rf"^(?:{_OPTION})*"
 
 # Options a program reads before its subcommand; the table sees the arguments from the
 # subcommand on, so "git -C '/a b' reset --hard" reads as "reset --hard".
@@ -270,7 +272,7 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     _routine(
         "hermes-lifecycle",
         "hermes",
-        r"^(?:-{1,2}\S+(?: \S+)? )*(?:gateway (?:stop|restart)|update)(?: |$)",
+        rf"{_OPTIONS}(?:gateway (?:stop|restart)|update)(?: |$)",
         "stops, restarts or updates the Hermes gateway (kills running agents)",
     ),
     script(
@@ -301,10 +303,16 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     _routine(
         "container-lifecycle",
         r"docker|podman",
-        r"^(?:(?:-H|--host|--context|-c|--config|-l|--log-level) \S+ |-\S+ )*"
-        r"(?:(?:container )?(?:restart|stop|kill)|compose (?:.* )?(?:restart|stop|kill|down))"
-        r"(?: |$)",
+        rf"{_OPTIONS}(?:(?:container )?(?:restart|stop|kill)|compose (?:{_OPTION})*"
+        r"(?:restart|stop|kill|down))(?: |$)",
         "stops, restarts or kills containers",
+    ),
+    _routine(
+        "container-remote-daemon",
+        r"docker|podman",
+        rf"{_OPTIONS}(?:-H|--host|--context|-c|--url|--connection|--identity|-r|--remote)"
+        r"(?:[ =]|$)",
+        "sends container commands to another daemon (docker -H, --context; podman --remote)",
     ),
     _routine(
         "compose-lifecycle",
@@ -316,7 +324,7 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
     _routine(
         "package-uninstall",
         r"npm|pnpm|yarn|pip[\d.]*|brew",
-        rf"{_PACKAGE_OPTIONS}(?:global )?(?:uninstall|un|unlink|remove|rm|r)(?: |$)",
+        rf"{_OPTIONS}(?:global )?(?:uninstall|un|unlink|remove|rm|r)(?: |$)",
         "uninstalls software",
     ),
     _routine(
