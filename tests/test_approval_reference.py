@@ -188,6 +188,13 @@ CASES: list[Case] = [
         "chmod a+rw notes.txt",
     ),
     *flag("DANGEROUS_PATTERNS:recursive chown to root", "chown -R root /srv/app"),
+    *flag(
+        "DANGEROUS_PATTERNS:in-place edit of Hermes config/env",
+        "sed -i 's/a/b/' $HERMES_HOME/config.yaml",
+        "sed -i 's/a/b/' ~/.hermes/.env",
+        "perl -pi -e 's/a/b/' ~/.hermes/config.yaml",
+    ),
+    *flag("DANGEROUS_PATTERNS:SQL TRUNCATE", "psql -c 'TRUNCATE users'", "TRUNCATE TABLE x"),
     # -- shells, interpreters, downloads ---------------------------------------------
     *flag(
         "TestDetectDangerousSudo::test_curl_pipe_sh",

@@ -150,7 +150,14 @@ def _protected_paths() -> str:
     homes = "|".join([r"~[\w.-]*", r"\$HOME", r"\$\{HOME\}", *home_dirs])
     entries = "|".join(re.escape(e) for e in PROTECTED_HOME_ENTRIES)
     systems = "|".join(re.escape(d) for d in PROTECTED_SYSTEM_DIRS if d not in ("/etc", "/dev"))
-    return rf"(?:(?:{homes})/(?:{entries})|{systems})(?:/\S*)?"
+    # $HERMES_HOME is Hermes Agent's ~/.hermes
+    hermes = "|".join(
+        re.escape(e.removeprefix(".hermes/"))
+        for e in PROTECTED_HOME_ENTRIES
+        if e.startswith(".hermes/")
+    )
+    hermes_home = rf"|(?:\$HERMES_HOME|\$\{{HERMES_HOME\}})/(?:{hermes})" if hermes else ""
+    return rf"(?:(?:{homes})/(?:{entries})|{systems}{hermes_home})(?:/\S*)?"
 
 
 _PROTECTED = _protected_paths()
@@ -233,7 +240,14 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
         r"\bdelete\s+from\s+[\\\"`\[]*[\w.$-]+[\\\"`\]]*(?![^;'\"]*\bwhere\b)",
         "deletes every row of a table (SQL DELETE FROM without WHERE)",
     ),
-    _sql("sql-truncate", r"\btruncate\s+table\b", "empties a table (SQL TRUNCATE TABLE)"),
+    _sql(
+        "sql-truncate",
+        # TRUNCATE TABLE t, or TRUNCATE t with nothing but SQL after it ("truncate the
+        # log" is prose)
+        r"\btruncate\s+(?:table\b|only\b|[\w\"`\[][\w.\"`\]]*\s*(?:[;,'\"]|$|cascade\b"
+        r"|restrict\b|restart\b|continue\b))",
+        "empties a table (SQL TRUNCATE)",
+    ),
     # -- system configuration ---------------------------------------------------------
     _redirect(
         "etc-redirect",
