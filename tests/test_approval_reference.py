@@ -807,6 +807,71 @@ CASES: list[Case] = [
         "podman --log-level  debug --url tcp://prod ps",
         "docker compose --project-name  demo down",
     ),
+    # -- tests/tools/test_approval_docker_lifecycle_prose.py ---------------------------
+    *safe(
+        "test_approval_docker_lifecycle_prose::test_documentation_mentions",
+        "echo doc-only: to restart the stack later, run: docker restart web-1",
+        "echo doc-only: docker stop web-1 stops one container",
+        "echo doc-only: docker kill web-1 kills one container",
+        "echo doc-only: docker compose restart restarts the stack",
+        "echo doc-only: docker compose stop stops the stack",
+        "echo 'README: docker compose kill kills the stack'",
+        "echo 'README: docker compose down stops the stack'",
+        "cat <<'README'\ndocker-compose stop app\ndocker-compose kill app\nREADME",
+        'echo "include docker restart findings"',
+        'hermes kanban create "Nightly report" --body "Include docker restart/OOM counts."',
+        'git commit -m "note docker restart counts"',
+        'grep "docker restart" log.txt',
+        "hermes kanban create notes --body-file - <<'EOF'\n"
+        + "\n".join(f'"line {i}" docker restart app' for i in range(600))
+        + "\nEOF",
+    ),
+    *flag(
+        "test_approval_docker_lifecycle_prose::test_real_lifecycle_commands_remain_flagged",
+        "docker restart app",
+        "docker-compose stop app",
+        "cat <<'README'\ndocker restart docs-only\nREADME\ndocker restart app",
+        "docker ps -q | xargs docker stop",
+        "ssh host <<EOF\ndocker restart app\nEOF",
+        "ssh host docker restart app",
+        'bash -c "docker restart app"',
+        "eval 'docker stop app'",
+        "echo done; docker kill app",
+        "git log; docker stop app",
+        "printf '%s' \"$(docker compose down)\"",
+        "git -c alias.x='!docker stop app' x",
+        'echo "$(docker kill app)"',
+        "cat <<EOF\n$(docker stop app)\nEOF",
+        "cat <<EOF\n`docker kill app`\nEOF",
+    ),
+    *safe(
+        "test_approval_docker_lifecycle_prose::test_prose_into_fd_or_display_sink_stays_prose",
+        "grep 'docker restart' log.txt 2>&1 | wc -l",
+        "echo 'docker restart app' >&2",
+        "git log --grep='docker restart' | grep -v merge | head -5",
+        'hermes kanban comment t1 "ran docker restart app"',
+    ),
+    *flag(
+        "test_approval_docker_lifecycle_prose::test_prose_that_leaves_the_command",
+        "hermes config set command_allowlist '[\"docker restart app\"]'",
+        "hermes config set mcp_allowlist '[\"docker restart app\"]'",
+        "hermes cron create 'every 1h' 'docker restart app'",
+        "echo hi; hermes run 'docker compose down'",
+        "hermes -p work kanban create t --body 'docker restart app'",
+        "echo 'docker restart app' > deploy.sh",
+        "echo 'docker restart app' &> deploy.sh",
+        "echo 'docker restart app' | ssh prod",
+        "echo 'docker restart app' 2>&1 | ssh prod",
+        "echo 'docker restart app' | cat | ssh prod",
+        "printf 'docker stop app\\n' | sudo tee run.sh",
+        "echo 'docker restart app' |",
+        "cat <<'EOF' > deploy.sh\ndocker restart app\nEOF",
+        "cat <<'EOF' | ssh prod\ndocker restart app\nEOF",
+    ),
+    *flag(
+        "test_approval_docker_lifecycle_prose::test_shell_carrier_payload_remains_flagged",
+        "bash -c 'echo \"docker restart app\"'",
+    ),
 ]
 
 # Where this project deliberately answers differently (docs/compatibility.md, "Approval").
@@ -820,6 +885,16 @@ DIFFERS: dict[str, str] = {
     "sed -i 's/a/b/' ~/.config/systemd/user/app.service": "~/.config/systemd is protected",
     # an unterminated quote is read to the end, and what came before it is still checked
     "grep 'unterminated": "lenient reading of unterminated quotes",
+    # text written to a file is data until something runs it (a script written now and
+    # run later is not read: docs/security.md)
+    "echo 'docker restart app' > deploy.sh": "text written to a file is data",
+    "echo 'docker restart app' &> deploy.sh": "text written to a file is data",
+    "printf 'docker stop app\\n' | sudo tee run.sh": "text written to a file is data",
+    "echo 'docker restart app' |": "text written to a file is data",
+    "cat <<'EOF' > deploy.sh\ndocker restart app\nEOF": "text written to a file is data",
+    "hermes -p work kanban create t --body 'docker restart app'": "a kanban body is text",
+    # shell code is read, not flagged as such: echo's argument is data there too
+    "bash -c 'echo \"docker restart app\"'": "shell code is analysed",
     # the shell collapses runs of blanks between words; the reference's regexes do not
     "docker --log-level  debug stop app": "blank runs read as one blank",
     "docker --log-level  debug -H ssh://prod ps": "blank runs read as one blank",
@@ -896,3 +971,15 @@ async def test_approving_find_exec_rm_does_not_approve_find_delete() -> None:
     assert await policy.check("find src -exec rm {} +") is None
     assert await policy.check("find . -name '*.tmp' -delete") is not None
     assert len(human.asked) == 2
+
+
+@pytest.mark.anyio
+async def test_a_failing_callback_is_not_reported_as_a_denial() -> None:
+    # tests/tools/test_approval_130272.py: no prompt shown is not a human's "no"
+    def broken(command: str, reasons: list[str]) -> str:
+        raise TypeError("boom")
+
+    refused = await ApprovalPolicy(broken).check("rm -rf /var/data")
+    assert refused is not None
+    assert "asking for approval failed (TypeError: boom)" in refused
+    assert "denied" not in refused

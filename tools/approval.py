@@ -433,13 +433,13 @@ def _invocation(words: list[str]) -> _Invocation | None:
         program, raw = "service", [posixpath.basename(program), *raw]
     name = posixpath.basename(program)
     before_subcommand = SUBCOMMAND_OPTIONS.get(name)
-    if before_subcommand is not None:
-        raw = raw[read_options(raw, 0, before_subcommand).end :]
+    lead = 0 if before_subcommand is None else read_options(raw, 0, before_subcommand).end
     longs = LONG_OPTIONS.get(name)
     if longs:
         end = raw.index("--") if "--" in raw else len(raw)
         raw = [expand_long_option(a, longs) for a in raw[:end]] + raw[end:]
-    return _Invocation(name, [normalise_path(a) for a in raw], raw, at)
+    # the table reads a subcommand's arguments; nested code may hide in the options
+    return _Invocation(name, [normalise_path(a) for a in raw[lead:]], raw, at)
 
 
 # -- the forms an allowlist regex must match ------------------------------------------
@@ -540,6 +540,20 @@ def _nested_code(invocation: _Invocation) -> list[str]:
         return found
     if program == "eval":
         return [" ".join(args)] if args else []
+    if program == "git":
+        # "git -c alias.x='!CMD' x": an alias starting with "!" is shell code
+        return [
+            value.partition("=!")[2]
+            for option, value in itertools.pairwise(args)
+            if option == "-c" and value.startswith("alias.") and "=!" in value
+        ]
+    if program == "hermes":
+        # what Hermes's CLI runs or schedules: "hermes run CMD", "hermes cron create W CMD"
+        if args[:1] == ["run"] and len(args) > 1:
+            return [" ".join(args[1:])]
+        if args[:2] in (["cron", "create"], ["cron", "add"]) and len(args) > 3:
+            return [args[-1]]
+        return []
     if program == "watch":
         rest = args[read_options(args, 0, _WATCH).end :]
         return [" ".join(rest)] if rest else []
@@ -600,8 +614,20 @@ def _pipeline_forms(pipeline: list[SimpleCommand]) -> list[str] | None:
     return combined
 
 
-def _echoed_text(invocation: _Invocation) -> str | None:
-    """What ``echo``/``printf`` writes, roughly, or None for other programs."""
+def _reads_code(invocation: _Invocation) -> bool:
+    """Whether ``invocation`` runs what it reads on stdin: ``sh``/``sh -s``, or ``ssh
+    HOST`` with no command (the remote shell reads it)."""
+    if _SHELL_NAMES.fullmatch(invocation.program):
+        return _shell_code(invocation)[1]
+    return invocation.program == "ssh" and not _nested_code(invocation)
+
+
+def _echoed_text(invocation: _Invocation, command: SimpleCommand) -> str | None:
+    """What ``echo``/``printf`` writes, roughly, or the here-document ``cat`` writes;
+    None for other programs."""
+    if invocation.program == "cat" and not invocation.args:
+        bodies = [t.body for _, t in command.redirects if t.body is not None]
+        return "\n".join(bodies) if bodies else None
     if invocation.program == "echo":
         args = invocation.raw_args
         while args and re.fullmatch(r"-[neE]+", args[0]):
@@ -697,8 +723,10 @@ class _Detector:
                 cache.append(_command_forms(words, invocation))
             return cache[0]
 
+        # a here-document is text the program reads: SQL fed to mysql <<EOF counts
+        texts = [unit, *(t.body for _, t in command.redirects if t.body is not None)]
         for pattern in text_patterns:
-            if pattern.regex.search(unit):
+            if any(pattern.regex.search(text) for text in texts):
                 self.add(pattern.key, pattern.reason, unit, forms())
         argv = [text for text, _ in words]
         if invocation is not None and invocation.at is not None:
@@ -727,10 +755,12 @@ class _Detector:
             return None
         for code in _nested_code(invocation):
             self.run(code, depth + 1)
-        if _SHELL_NAMES.fullmatch(program) and _shell_code(invocation)[1]:
+        if _reads_code(invocation):
             for operator, target in command.redirects:
                 if operator == "<<<":
                     self.run(target.text, depth + 1)
+                elif target.body is not None:
+                    self.run(target.body, depth + 1)
         return invocation
 
     def pipeline(
@@ -745,12 +775,16 @@ class _Detector:
         for pattern in self.by_scope.get("pipeline", ()):
             if pattern.regex.search(rendered):
                 self.add(pattern.key, pattern.reason, unit, _pipeline_forms(pipeline))
-        for before, after in itertools.pairwise(invocations):
-            if before is None or after is None or not _SHELL_NAMES.fullmatch(after.program):
+        carried: str | None = None  # text echoed into the pipe, passed on through cat
+        for command, stage in zip(pipeline, invocations, strict=True):
+            if stage is not None and carried is not None and _reads_code(stage):
+                self.run(carried, depth + 1)
+            if stage is None:
+                carried = None
+            elif stage.program == "cat" and not stage.args and carried is not None:
                 continue
-            echoed = _echoed_text(before)
-            if echoed is not None and _shell_code(after)[1]:
-                self.run(echoed, depth + 1)
+            else:
+                carried = _echoed_text(stage, command)
 
 
 def detect_dangerous(

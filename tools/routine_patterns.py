@@ -275,6 +275,12 @@ ROUTINE_PATTERNS: tuple[DangerousPattern, ...] = (
         rf"{_OPTIONS}(?:gateway (?:stop|restart)|update)(?: |$)",
         "stops, restarts or updates the Hermes gateway (kills running agents)",
     ),
+    _routine(
+        "hermes-approval-settings",
+        "hermes",
+        rf"{_OPTIONS}config set (?:command_allowlist|mcp_allowlist|approvals\S*)(?: |$)",
+        "changes Hermes's own approval settings or allowlists",
+    ),
     script(
         "hermes-gateway-detached",
         r"gateway\s+run\b.*(?:&\s*$|&\s*;|\bdisown\b|\bsetsid\b)|\bnohup\b.*gateway\s+run\b",

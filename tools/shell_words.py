@@ -35,6 +35,7 @@ class Word:
     end: int
     substitutions: list[str] = field(default_factory=list)
     expands: bool = False  # holds a $VAR, ${...}, $(...), backtick or <(...) the shell fills in
+    body: str | None = None  # the here-document this word delimits (after "<<")
 
 
 @dataclass(slots=True)
@@ -136,6 +137,7 @@ def tokenize(text: str) -> list[Word | Operator]:
         return parts
 
     in_test = False  # between "[[" and "]]"
+    heredocs: list[tuple[int, bool]] = []  # (index of the delimiter word, "<<-") to read
 
     def flush(end: int) -> None:
         nonlocal parts, subs, expands, in_test
@@ -264,12 +266,48 @@ def tokenize(text: str) -> list[Word | Operator]:
                 flush(i)
             tokens.append(Operator(operator, i))
             i += len(operator)
+            if operator in ("<<", "<<-"):
+                heredocs.append((len(tokens), operator == "<<-"))
+            elif operator == "\n" and heredocs:
+                i = _read_heredocs(text, i, tokens, heredocs)
+                heredocs = []
             continue
         expands = expands or (c == "$" and _PARAMETER.match(text, i + 1) is not None)
         begin().append(c)
         i += 1
     flush(n)
     return tokens
+
+
+def _read_heredocs(
+    text: str, i: int, tokens: list[Word | Operator], heredocs: list[tuple[int, bool]]
+) -> int:
+    """Read the bodies of the here-documents opened on the line that ended at ``i`` into
+    their delimiter words; returns where the text goes on after them. With an unquoted
+    delimiter the body's ``$(...)`` and backticks run, so they become substitutions."""
+    for index, strip_tabs in heredocs:
+        word = tokens[index] if index < len(tokens) else None
+        if not isinstance(word, Word):
+            continue
+        source = text[word.start : word.end]
+        lines: list[str] = []
+        while i < len(text):
+            newline = text.find("\n", i)
+            end = len(text) if newline < 0 else newline
+            line = text[i:end]
+            i = end + 1
+            if (line.lstrip("\t") if strip_tabs else line) == word.text:
+                break
+            lines.append(line)
+        word.body = "\n".join(lines)
+        if not any(q in source for q in "'\"\\"):
+            word.substitutions = [
+                sub
+                for token in tokenize(word.body)
+                if isinstance(token, Word)
+                for sub in token.substitutions
+            ]
+    return min(i, len(text))
 
 
 def parse(text: str) -> list[list[SimpleCommand]]:
