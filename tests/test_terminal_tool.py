@@ -228,7 +228,10 @@ DANGEROUS = [
     "sh -c 'echo k >> ~/.ssh/authorized_keys'",
 ]
 
-SAFE = [
+# Routine, but flagged as Hermes Agent flags them (issue #15): any recursive delete, rm
+# by absolute path, find -delete / -exec rm, interpreter one-liners. A session approval
+# covers the pattern, so a host answering "session" is asked once.
+ROUTINE = [
     "rm -rf ./build",
     "rm -rf /tmp/foo",
     "rm -rf build dist *.egg-info",
@@ -236,6 +239,12 @@ SAFE = [
     "rm -f /tmp/x.log",
     "rm -rf ~/project/build",
     "rm -rf /home/me/proj/build",
+    "find . -name '*.pyc' -delete",
+    "find /tmp/x -type f -exec rm -f {} +",
+    "python3 -c \"print('hi')\"",
+]
+
+SAFE = [
     'echo "rm -rf /"',
     "echo rm -rf /",
     "printf '%s\\n' 'rm -rf /' > notes.txt",
@@ -267,10 +276,7 @@ SAFE = [
     "echo x > /dev/null",
     "make 2>/dev/null",
     "ls 2>&1 | tee out.log",
-    "find . -name '*.pyc' -delete",
-    "find /tmp/x -type f -exec rm -f {} +",
     "git status && git diff | head",
-    "python3 -c \"print('hi')\"",
     "bash script.sh",
     "sh -c 'echo hi'",
     "truncate -s 0 app.log",
@@ -290,7 +296,7 @@ SAFE = [
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("command", DANGEROUS)
+@pytest.mark.parametrize("command", DANGEROUS + ROUTINE)
 async def test_dangerous_command_is_refused_without_running(
     recorder: FakeEnvironment, tmp_path: Path, command: str
 ) -> None:
@@ -549,9 +555,10 @@ async def test_workdir(env: LocalEnvironment, tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_output_is_clipped_around_the_middle(env: LocalEnvironment, tmp_path: Path) -> None:
-    code = "import sys; sys.stdout.write('H' * 30000 + 'M' * 100000 + 'T' * 30000)"
+    script = tmp_path / "clip.py"
+    script.write_text("import sys; sys.stdout.write('H' * 30000 + 'M' * 100000 + 'T' * 30000)")
     result = await terminal(
-        context(env, tmp_path), f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+        context(env, tmp_path), f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
     )
     output = result["output"]
     assert result["exit_code"] == 0
