@@ -336,6 +336,62 @@ def test_an_unauthenticated_array_bomb_costs_the_host_little(
     assert host.growth_mib < 40, f"host RSS grew {host.growth_mib:.0f} MiB for a 3 MiB frame"
 
 
+@pytest.mark.timeout(120)
+def test_an_authenticated_args_bomb_is_refused_and_the_loop_keeps_serving(
+    target: tuple[str, str], tmp_path: Path, gauge: type[HostGauge]
+) -> None:
+    """The same bomb behind the right token: the host checks the token, then decoded the
+    arguments on its event loop, ~75x the frame in memory and a second or more of the
+    loop per frame. Now the decoder stops at MAX_ARG_VALUES values, so the frame is
+    refused (bad_request) at bounded cost, and a second connection's calls (the loop's
+    heartbeat, as the script sees it) keep being answered meanwhile."""
+    with gauge() as host:
+        result = runner(target, tmp_path)(
+            """
+            import threading
+            head = b"\\x84\\xa2id\\x01\\xa4tool\\xa4nope\\xa5token" + body_of(TOKEN)
+            # args: {"x": [m arrays of 60000 empty arrays]}: no one container is long
+            head += b"\\xa4args\\x81\\xa1x\\xdd"
+            chunk = b"\\xdc" + struct.pack(">H", 60000) + b"\\x90" * 60000
+            m = (4 * 2**20 - len(head) - 4) // len(chunk)
+            body = head + struct.pack(">I", m) + chunk * m
+            stop = threading.Event()
+            worst = [0.0]
+            beats = [0]
+
+            def heartbeat():
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    ping = frame(body_of({"id": 1, "tool": "nope", "token": TOKEN}))
+                    started = time.monotonic()
+                    reply = ask_raw(ping, key="ping%d" % i)
+                    worst[0] = max(worst[0], time.monotonic() - started)
+                    if kind(reply) == "unknown_tool":
+                        beats[0] += 1
+                    time.sleep(0.02)
+
+            beat = threading.Thread(target=heartbeat)
+            beat.start()
+            time.sleep(0.3)
+            kinds = [kind(ask_raw(frame(body), key="bomb%d" % i)) for i in range(4)]
+            time.sleep(0.3)
+            stop.set()
+            beat.join()
+            print(sorted(set(kinds)))
+            print("beats", beats[0] > 5)
+            print("worst", round(worst[0], 2))
+            """,
+            timeout=90.0,
+        )
+    assert result.status == "success", result.output
+    lines = _lines(result)
+    assert lines[:2] == ["['bad_request']", "beats True"], result.output
+    # Generous: the point is that no single frame holds the loop for seconds.
+    assert float(lines[2].split()[1]) < 2.5, result.output
+    assert host.growth_mib < 60, f"host RSS grew {host.growth_mib:.0f} MiB for 4 MiB frames"
+
+
 @pytest.mark.timeout(60)
 def test_a_frame_over_the_default_cap_is_refused_unread(
     target: tuple[str, str], tmp_path: Path, gauge: type[HostGauge]
