@@ -374,6 +374,8 @@ async def run_code(
                             kill_grace=options.kill_grace,
                             interrupt=interrupt,
                         )
+                        if status == "interrupted":
+                            server.abandon()  # end now: no drain of the calls in flight
                         lost = getattr(process, "lost", None)
                 except TransportUnavailable as exc:
                     raise RunError(str(exc)) from None

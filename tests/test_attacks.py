@@ -637,8 +637,8 @@ def test_tools_that_block_do_not_hold_the_threads_the_kill_needs(
     """A sync tool that blocks (here: for 12 s) holds a worker thread. 60 of them at once
     once held all 40 of anyio's default threads, the ones the kill needs, so the script
     outlived its 3 s timeout until the tools let go. Now tools run on their own limiter
-    (TOOL_THREADS), and the script is killed on time. (The run itself still returns
-    only when the tool calls already running have returned.)"""
+    (TOOL_THREADS), and the script is killed on time. (The run itself then waits for
+    the calls in flight at most TOOL_CALL_DRAIN_SECONDS: see the tests below.)"""
     from hermes_sandbox.threads import TOOL_THREADS
     from hermes_sandbox.tools.registry import ToolRegistry
 
@@ -692,3 +692,92 @@ def test_tools_that_block_do_not_hold_the_threads_the_kill_needs(
         f"the script outlived its 3 s timeout by {died[0] - started:.1f} s"
     )
     assert TOOL_THREADS < 40
+
+
+# -- tool calls still running when the run ends ------------------------------------------
+
+
+def _registry_with(name: str, handler: Callable[..., Any]) -> Any:
+    from hermes_sandbox.tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+    schema = {"name": name, "description": "Block.", "parameters": {"type": "object"}}
+    registry.register(name, "test", schema, handler)
+    return registry
+
+
+CALL_THEN_WAIT = """
+import threading
+import hermes_tools
+threading.Thread(target=hermes_tools.hold, daemon=True).start()
+print("calling", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_a_sync_tool_running_at_the_end_is_waited_for_a_bounded_time(
+    target: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync tool blocking 60 s once held a 1 s-timeout run until it returned. Now the
+    run waits for calls in flight at most TOOL_CALL_DRAIN_SECONDS, then abandons them."""
+    import hermes_sandbox.threads as threads
+
+    monkeypatch.setattr(threads, "TOOL_CALL_DRAIN_SECONDS", 1.0)
+    release = threading.Event()
+    entered = threading.Event()
+
+    def hold(args: dict[str, Any]) -> str:
+        entered.set()
+        release.wait(60)
+        return "{}"
+
+    started = time.monotonic()
+    try:
+        result = runner(target, tmp_path)(
+            CALL_THEN_WAIT, timeout=1.0, tools=["hold"], registry=_registry_with("hold", hold)
+        )
+    finally:
+        elapsed = time.monotonic() - started
+        release.set()
+    assert entered.is_set(), result.output
+    assert result.status == "timeout", result.output
+    assert elapsed < 1.0 + 1.0 + 15, f"a 1 s run with a 1 s drain took {elapsed:.1f} s"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_an_async_tool_awaiting_at_the_end_is_cancelled(
+    target: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    import hermes_sandbox.threads as threads
+
+    monkeypatch.setattr(threads, "TOOL_CALL_DRAIN_SECONDS", 1.0)
+    events: list[str] = []
+
+    async def hold(args: dict[str, Any]) -> str:
+        events.append("entered")
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            events.append("cancelled")
+            raise
+        return "{}"
+
+    started = time.monotonic()
+    result = runner(target, tmp_path)(
+        CALL_THEN_WAIT, timeout=1.0, tools=["hold"], registry=_registry_with("hold", hold)
+    )
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout", result.output
+    assert events == ["entered", "cancelled"], events
+    assert elapsed < 1.0 + 1.0 + 15, f"a 1 s run with a 1 s drain took {elapsed:.1f} s"
+
+
+def test_the_drain_at_the_end_of_a_run_is_bounded() -> None:
+    from hermes_sandbox.threads import TOOL_CALL_DRAIN_SECONDS
+
+    assert 0 < TOOL_CALL_DRAIN_SECONDS <= 10
