@@ -70,7 +70,7 @@ _NESTED = frozenset(
 # containers counted, and levels of nesting. Far above any tool's needs; they bound
 # what one frame can cost the host after its token is checked.
 MAX_ARG_VALUES = 65_536
-MAX_ARG_DEPTH = 64
+MAX_ARG_DEPTH = 256
 _MAPS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _ARRAYS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 
@@ -167,42 +167,45 @@ def decode_args(data: bytes | memoryview) -> Any:
     most the frame's size). Raises :class:`CallRefused` (``bad_request``) past a limit,
     :class:`FrameError` for bytes that are not one msgpack value.
     """
-    unpacker = msgpack.Unpacker(
-        raw=False, max_buffer_size=max(len(data), 1), max_ext_len=0, strict_map_key=False
-    )
-    unpacker.feed(data)
-    view = memoryview(data)
-    left = [MAX_ARG_VALUES]
-
-    def value(depth: int) -> Any:
-        first = view[unpacker.tell()]
-        if first in _MAPS or first in _ARRAYS:
-            if depth >= MAX_ARG_DEPTH:
-                raise CallRefused(
-                    BAD_REQUEST, f"request 'args' nest deeper than {MAX_ARG_DEPTH} levels"
-                )
-            is_map = first in _MAPS
-            size = unpacker.read_map_header() if is_map else unpacker.read_array_header()
-            left[0] -= size * 2 if is_map else size
-            if left[0] < 0:
-                raise CallRefused(
-                    BAD_REQUEST, f"request 'args' hold more than {MAX_ARG_VALUES} values"
-                )
-            if not is_map:
-                return [value(depth + 1) for _ in range(size)]
-            mapping = {}
-            for _ in range(size):
-                key = value(depth + 1)
-                mapping[key] = value(depth + 1)
-            return mapping
-        return unpacker.unpack()
-
     try:
-        return value(0)
+        if len(data) <= MAX_ARG_DEPTH:
+            # Each value and each level of nesting takes a byte at least: these bytes
+            # cannot pass either limit, so msgpack may build them at once (the fast path
+            # of small calls).
+            return msgpack.unpackb(data, raw=False, strict_map_key=False, max_ext_len=0)
+        unpacker = msgpack.Unpacker(
+            raw=False, max_buffer_size=len(data), max_ext_len=0, strict_map_key=False
+        )
+        unpacker.feed(data)
+        return _read_value(unpacker, memoryview(data), [MAX_ARG_VALUES], 0)
     except CallRefused:
         raise
     except Exception as exc:  # msgpack's several types, an unhashable key
         raise FrameError(f"request 'args' is not valid msgpack: {exc}") from exc
+
+
+def _read_value(unpacker: msgpack.Unpacker, view: memoryview, left: list[int], depth: int) -> Any:
+    """One value of :func:`decode_args`; ``left`` is the count of values still allowed.
+    (A module function, not a closure: a closure calling itself is a reference cycle
+    that would keep every request's unpacker alive until the garbage collector runs.)"""
+    first = view[unpacker.tell()]
+    is_map = first in _MAPS
+    if not is_map and first not in _ARRAYS:
+        return unpacker.unpack()  # a scalar: at most the frame's size
+    if depth >= MAX_ARG_DEPTH:
+        raise CallRefused(BAD_REQUEST, f"request 'args' nest deeper than {MAX_ARG_DEPTH} levels")
+    size = unpacker.read_map_header() if is_map else unpacker.read_array_header()
+    left[0] -= size * 2 if is_map else size
+    if left[0] < 0:
+        raise CallRefused(BAD_REQUEST, f"request 'args' hold more than {MAX_ARG_VALUES} values")
+    depth += 1
+    if not is_map:
+        return [_read_value(unpacker, view, left, depth) for _ in range(size)]
+    mapping = {}
+    for _ in range(size):
+        key = _read_value(unpacker, view, left, depth)
+        mapping[key] = _read_value(unpacker, view, left, depth)
+    return mapping
 
 
 @dataclass(frozen=True, slots=True)

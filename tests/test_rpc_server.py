@@ -657,10 +657,12 @@ async def test_connections_over_the_limit_are_refused(socket_dir: str) -> None:
 # -- decoding the arguments at bounded cost (issue #11) --------------------------------
 
 
-def test_decode_args_builds_what_msgpack_builds() -> None:
+@pytest.mark.parametrize("padding", [0, 1000], ids=["small", "large"])
+def test_decode_args_builds_what_msgpack_builds(padding: int) -> None:
     from hermes_sandbox.rpc.messages import decode_args
 
     value = {"a": [1, "x", b"\x00", None, True, 1.5, {"n": [[], {}]}], "b": {"c": -3}}
+    value["pad"] = "p" * padding  # small arguments take msgpack's own path
     assert decode_args(msgpack.packb(value, use_bin_type=True)) == value
 
 
@@ -671,8 +673,8 @@ def test_decode_args_builds_what_msgpack_builds() -> None:
         pytest.param([[None] * 40_000] * 2, "more than 65536 values", id="values-in-all"),
         pytest.param({str(i): i for i in range(40_000)}, "more than 65536", id="map-entries"),
         pytest.param(
-            functools.reduce(lambda v, _: [v], range(70), []),
-            "deeper than 64",
+            functools.reduce(lambda v, _: [v], range(300), []),
+            "deeper than 256",
             id="nesting",
         ),
     ],
