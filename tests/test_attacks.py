@@ -11,6 +11,7 @@ memory are measured here; a test that hangs fails on the short per-test timeout.
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 import threading
 import time
@@ -718,10 +719,15 @@ time.sleep(60)
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
 def test_a_sync_tool_running_at_the_end_is_waited_for_a_bounded_time(
-    target: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    target: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A sync tool blocking 60 s once held a 1 s-timeout run until it returned. Now the
-    run waits for calls in flight at most TOOL_CALL_DRAIN_SECONDS, then abandons them."""
+    run waits for calls in flight at most TOOL_CALL_DRAIN_SECONDS, then abandons them;
+    the transport shuts down cleanly (the files channel closes its directory only after
+    its own threads have returned: no EBADF, no error logged)."""
     import hermes_sandbox.threads as threads
 
     monkeypatch.setattr(threads, "TOOL_CALL_DRAIN_SECONDS", 1.0)
@@ -744,6 +750,8 @@ def test_a_sync_tool_running_at_the_end_is_waited_for_a_bounded_time(
     assert entered.is_set(), result.output
     assert result.status == "timeout", result.output
     assert elapsed < 1.0 + 1.0 + 15, f"a 1 s run with a 1 s drain took {elapsed:.1f} s"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 @pytest.mark.timeout(90)
