@@ -421,6 +421,8 @@ async def run_in_stage(
                     on_stdout=on_stdout,
                     on_stderr=on_stderr,
                 )
+                if status == "interrupted":
+                    server.abandon()  # end now: no drain of the calls in flight
                 lost = getattr(process, "lost", None)
         except TransportUnavailable as exc:
             raise RunError(str(exc)) from None

@@ -571,6 +571,27 @@ async def test_output_is_clipped_around_the_middle(env: LocalEnvironment, tmp_pa
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("byte", ["\\377", "\\001"], ids=["invalid-utf8", "control"])
+async def test_undecodable_or_control_output_does_not_stretch_the_cap(
+    env: LocalEnvironment, tmp_path: Path, byte: str
+) -> None:
+    """Capped after decoding: 200,000 bytes that are not UTF-8 (each shown as U+FFFD,
+    3 bytes) or are control bytes (each a 6-byte escape in the JSON result) once came
+    back as 150 kB of text or 300 kB of JSON under a 50,000-character cap."""
+    ctx = context(env, tmp_path)
+    raw = await registry.adispatch(
+        "terminal",
+        {"command": f"head -c 200000 /dev/zero | tr '\\000' '{byte}'; echo; echo end"},
+        ctx,
+    )
+    result = json.loads(raw)
+    assert result["exit_code"] == 0
+    assert len(raw.encode()) <= MAX_OUTPUT_CHARS + 200, len(raw.encode())
+    assert result["output"].endswith("\nend\n")
+    assert " omitted] ...\n" in result["output"]
+
+
+@pytest.mark.anyio
 async def test_exit_code_and_stderr(env: LocalEnvironment, tmp_path: Path) -> None:
     result = await terminal(context(env, tmp_path), "echo out; echo err >&2; exit 3")
     assert result == {"output": "out\nerr\n", "exit_code": 3}
