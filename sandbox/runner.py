@@ -30,7 +30,7 @@ from hermes_sandbox.environments import (
 )
 from hermes_sandbox.environments.settings import api_place
 from hermes_sandbox.errors import RunError
-from hermes_sandbox.gate import ToolCallBudget, ToolGate
+from hermes_sandbox.gate import Budget, ToolGate
 from hermes_sandbox.hints import failure_hint
 from hermes_sandbox.output import (
     MAX_SPILL_BYTES,
@@ -92,7 +92,8 @@ class RunOptions:
     # Fields of the backend's settings (image, limits, mounts... for docker), as plain data.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
-    budget: ToolCallBudget | None = field(default=None, compare=False)
+    # The run's calls are charged to ``budget`` too, and it ends by the budget's deadline.
+    budget: Budget | None = field(default=None, compare=False)
     approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
 
     @property
@@ -260,7 +261,7 @@ async def _stage(runtime: Runtime, stage: str, code: str, files: Mapping[str, st
         await runtime.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
 
 
-def _make_environment(
+def make_environment(
     options: RunOptions, explicit_env: Mapping[str, str] | None
 ) -> tuple[Environment, dict[str, str]]:
     """The run's environment, and the variables its scripts start from: a backend that
@@ -288,11 +289,14 @@ async def run_code(
     *,
     registry: ToolRegistry | None = None,
     interrupt: anyio.Event | None = None,
+    runtime: Runtime | None = None,
 ) -> ExecutionResult:
     """Run ``code`` as a script under ``options`` and return its result.
 
     Setting ``interrupt`` stops the script (status ``interrupted``). Cancelling the
-    calling task kills the script too before the cancellation goes on. Raises
+    calling task kills the script too before the cancellation goes on. ``runtime``
+    runs it in an environment the caller started and will close (a delegated child's
+    own sandbox); by default the run starts one from ``options`` and closes it. Raises
     :class:`RunError` for options that make no sense and
     :class:`environments.BackendError` when the backend cannot be used.
     """
@@ -305,7 +309,11 @@ async def run_code(
         raise RunError(f"code must be a string, got {type(code).__name__}")
     tools = resolve_tools(registry, options.tools)
     files = stub_files(registry.get_definitions(tools))
-    budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
+    budget = Budget(options.max_tool_calls, parent=options.budget)
+    if options.budget is not None:
+        left = options.budget.remaining_time()
+        if left is not None and left < options.timeout:
+            options = replace(options, timeout=max(left, 0.001))
 
     await anyio.to_thread.run_sync(
         sweep_spill_dir, options.spill_dir or default_spill_dir(), options.spill_retention
@@ -318,7 +326,8 @@ async def run_code(
     stderr = CappedOutput(options.max_stderr_bytes)
     lost: str | None = None  # why the sandbox went away mid-run, if it did
     cleanup_problem: str | None = None
-    environment, base_env = _make_environment(options, options.env)
+    environment, base_env = make_environment(options, options.env)
+    own_environment = runtime is None
     gate: ToolGate | None = None
     marker = secrets.token_hex(12)
     try:
@@ -326,7 +335,8 @@ async def run_code(
     except TransportUnavailable as exc:
         raise RunError(str(exc)) from None
     try:
-        runtime = await environment.start()
+        if runtime is None:
+            runtime = await environment.start()
         try:
             try:
                 transport = choose_transport(options.transport, runtime)
@@ -381,8 +391,9 @@ async def run_code(
                 with anyio.CancelScope(shield=True):
                     cleanup_problem = await _remove_stage(runtime, stage)
         finally:
-            with anyio.CancelScope(shield=True):
-                await environment.aclose()
+            if own_environment:
+                with anyio.CancelScope(shield=True):
+                    await environment.aclose()
     finally:
         stdout.close()
     return _shape_result(
