@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -203,10 +204,10 @@ def test_a_slow_answer_times_out_and_is_retried() -> None:
     )
     with LocalHTTPServer() as server:
         server.route(PATH, model)
-        once = delegate(server, "slow once", request_timeout=0.5, max_retries=1)
-        always = delegate(server, "slow always", request_timeout=0.5, max_retries=1)
+        once = delegate(server, "slow once", request_timeout=3, max_retries=1)
+        always = delegate(server, "slow always", request_timeout=3, max_retries=1)
     assert once.ok and once.summary == "second try"
-    assert always.status == "error" and "no answer within 0.5 s" in (always.error or "")
+    assert always.status == "error" and "no answer within 3 s" in (always.error or "")
     assert len(model.seen["always"]) == 2
 
 
@@ -305,13 +306,16 @@ def test_the_delegate_command_prints_the_parent_and_its_children_as_json() -> No
 
 def test_the_delegate_command_says_what_is_wrong() -> None:
     env = clean_env()
-    base = ["--goal", "x", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]
+    with socket.socket() as sock:  # a port nothing listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    base = ["--goal", "x", "--model", "m", "--base-url", f"http://127.0.0.1:{port}/v1"]
     missing_key = cli(*base, "--api-key-env", "NO_SUCH_KEY_VAR", env=env)
     assert missing_key.returncode == 2
     assert "NO_SUCH_KEY_VAR" in missing_key.stderr
     no_url = cli("--goal", "x", "--model", "m", env=env)
     assert no_url.returncode == 2 and "--base-url" in no_url.stderr
-    # Nothing listens on port 9: the child fails, the command says so and exits 1.
+    # Nothing listens there: the child fails, the command says so and exits 1.
     unreachable = cli(*base, "--request-timeout", "5", env=env)
     assert unreachable.returncode == 1
     assert "hermes-sandbox: error:" in unreachable.stderr
