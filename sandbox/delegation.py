@@ -500,13 +500,9 @@ class _Toolbox:
         if self._closed:
             return tool_error("this child has ended; its tools can no longer be called")
         assert self._options is not None and self._runtime is not None
-        left = self.budget.remaining_time()
-        options = self._options
-        if left is not None and left < options.timeout:
-            options = dataclasses.replace(options, timeout=max(left, 0.001))
-        try:
+        try:  # (the run ends by the child's deadline: its budget is the run's parent)
             result = await run_code(
-                code, options, registry=self._host.registry, runtime=self._runtime
+                code, self._options, registry=self._host.registry, runtime=self._runtime
             )
         except RunError as exc:
             return tool_error(str(exc))

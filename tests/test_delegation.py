@@ -547,3 +547,13 @@ def test_options_carry_the_parents_backend_to_each_child() -> None:
 
     result = anyio.run(main)
     assert result.status == "error" and result.error
+
+
+def test_a_run_ends_by_its_budgets_deadline() -> None:
+    budget = Budget(10, timeout=2)
+    started = time.monotonic()
+    result = anyio.run(
+        lambda: run_code("import time\ntime.sleep(120)", RunOptions(timeout=120, budget=budget))
+    )
+    assert result.status == "timeout"
+    assert time.monotonic() - started < 2 + GRACE
