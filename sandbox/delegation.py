@@ -251,10 +251,9 @@ class AsyncDelegationHost:
         context = task.get("context")
         if context is not None and not isinstance(context, str):
             raise RunError(f"context must be a string, got {type(context).__name__}")
-        for key in ("timeout",):
-            value = task.get(key)
-            if value is not None and not (isinstance(value, int | float) and value > 0):
-                raise RunError(f"{key} must be a positive number of seconds, got {value!r}")
+        timeout = task.get("timeout")
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+            raise RunError(f"timeout must be a positive number of seconds, got {timeout!r}")
         for key in ("max_tool_calls", "max_output_bytes"):
             value = task.get(key)
             if value is not None and not (isinstance(value, int) and value >= 0):

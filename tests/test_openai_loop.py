@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -349,3 +351,29 @@ def test_the_example_delegates_a_batch_against_a_stand_in_server() -> None:
     assert lines[1].startswith("  [success] 3.")
     assert lines[3].startswith("  [success] ") and lines[3].split()[-1].isdigit()
     assert lines[4] == "tool calls charged to the parent: 2"
+
+
+def test_ctrl_c_cancels_the_delegation() -> None:
+    model = ScriptedModel({"wait": [Reply.json({}, delay=60)]})
+    with LocalHTTPServer() as server:
+        server.route(PATH, model)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hermes_sandbox", "delegate", "--goal", "wait here",
+             "--model", "m", "--base-url", server.url("/v1"), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not model.seen["wait"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert model.seen["wait"], "the child never asked the model"
+            process.send_signal(signal.SIGINT)
+            stdout, stderr = process.communicate(timeout=30)
+        finally:
+            process.kill()
+            process.wait()
+    assert process.returncode == 1, stderr
+    assert json.loads(stdout)["status"] == "interrupted"
