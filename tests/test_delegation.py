@@ -557,3 +557,20 @@ def test_a_run_ends_by_its_budgets_deadline() -> None:
     )
     assert result.status == "timeout"
     assert time.monotonic() - started < 2 + GRACE
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_plain_function_loop_gets_a_blocking_toolbox(backend: str) -> None:
+    def loop(task: ChildTask, toolbox: Any) -> str:  # runs in a worker thread
+        printed = json.loads(toolbox.execute_code("print(6 * 7)"))["output"].strip()
+        echoed = json.loads(toolbox.call("probe", '{"tag": "sync"}'))
+        return f"{printed} {echoed['ok']}"
+
+    async def main() -> Any:
+        registry = make_registry(Probe())
+        host = AsyncDelegationHost(FunctionLoop(loop), registry=registry, tools=["probe"])
+        return await host.delegate("compute")
+
+    result = anyio.run(main, backend=backend)
+    assert result.ok, result
+    assert result.summary == "42 True" and result.tool_calls_made == 1
