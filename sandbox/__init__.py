@@ -40,6 +40,7 @@ from hermes_sandbox.gate import Budget, ToolCallBudget
 from hermes_sandbox.openai_loop import OpenAIChatLoop
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
+from hermes_sandbox.session import AsyncSession, Session
 from hermes_sandbox.tools.approval import ApprovalPolicy
 from hermes_sandbox.tools.decorator import tool
 from hermes_sandbox.tools.registry import (
@@ -57,6 +58,7 @@ __all__ = [
     "AgentLoopError",
     "ApprovalPolicy",
     "AsyncDelegationHost",
+    "AsyncSession",
     "BackendSettings",
     "Budget",
     "ChildTask",
@@ -75,6 +77,7 @@ __all__ = [
     "RunOptions",
     "SSHSettings",
     "SandboxError",
+    "Session",
     "SettingError",
     "SingularitySettings",
     "ToolCallBudget",

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import termios
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 import anyio
@@ -378,11 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_result(result: ExecutionResult, as_json: bool) -> None:
+def _print_result(result: ExecutionResult, as_json: bool, *, shown_live: bool = False) -> None:
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
-    if result.output:
+    if result.output and not shown_live:
         sys.stdout.write(result.output if result.output.endswith("\n") else result.output + "\n")
     sys.stdout.flush()
     if result.status != "success" and result.error:
@@ -391,8 +391,17 @@ def _print_result(result: ExecutionResult, as_json: bool) -> None:
         sys.stderr.write(f"hermes-sandbox: {result.warning}\n")
 
 
-async def _run_with_signals(code: str, options: RunOptions) -> ExecutionResult:
-    """Run, turning SIGINT and SIGTERM into an orderly stop of the script."""
+def _write_live(stream: TextIO) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+async def _run_with_signals(code: str, options: RunOptions, live: bool = False) -> ExecutionResult:
+    """Run, turning SIGINT and SIGTERM into an orderly stop of the script; with ``live``,
+    the script's output is shown as it prints."""
     interrupt = anyio.Event()
     async with anyio.create_task_group() as tasks:
 
@@ -403,7 +412,13 @@ async def _run_with_signals(code: str, options: RunOptions) -> ExecutionResult:
 
         tasks.start_soon(watch_signals)
         try:
-            result = await run_code(code, options, interrupt=interrupt)
+            result = await run_code(
+                code,
+                options,
+                interrupt=interrupt,
+                on_stdout=_write_live(sys.stdout) if live else None,
+                on_stderr=_write_live(sys.stderr) if live else None,
+            )
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
             failure: Exception | None = exc
         else:
@@ -455,8 +470,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _prepare(args)
     options = _run_options(args, config)
     code = _read_script(args.script)
-    result = anyio.run(_run_with_signals, code, options)
-    _print_result(result, args.json)
+    # A person at the terminal sees the output as it comes; a program reading a pipe
+    # or --json gets the result, as before.
+    live = not args.json and sys.stdout.isatty()
+    result = anyio.run(_run_with_signals, code, options, live)
+    _print_result(result, args.json, shown_live=live)
     if result.exit_code is None:
         return 1
     return result.exit_code if 0 <= result.exit_code <= 255 else 1

@@ -28,7 +28,17 @@ from hermes_sandbox.execute_code_tool import NAME as EXECUTE_CODE
 from hermes_sandbox.execute_code_tool import build_schema, tool_definition
 from hermes_sandbox.gate import Budget, ToolGate
 from hermes_sandbox.rpc import CallRefused, Request
-from hermes_sandbox.runner import RunOptions, make_environment, resolve_tools, run_code
+from hermes_sandbox.runner import (
+    Plan,
+    RunOptions,
+    Stage,
+    make_environment,
+    open_stage,
+    plan_run,
+    remove_stage,
+    resolve_tools,
+    run_in_stage,
+)
 from hermes_sandbox.tools import (
     BLOCKED_TOOLS,
     ToolContext,
@@ -364,37 +374,44 @@ class _Toolbox:
         self._spec = spec
         self.task_id = task_id
         self.budget = budget
-        self._runtime: Runtime | None = None
+        self._plan: Plan | None = None
+        self._stage: Stage | None = None
         self._options: RunOptions | None = None
         self._gate: ToolGate | None = None
         self._nested: AsyncDelegationHost | None = None
+        # One script at a time in the child's stage (each run writes its script there).
+        self._scripts = anyio.Lock()
         self._closed = False
 
     def children(self) -> list[DelegationResult]:
         return list(self._nested.children) if self._nested is not None else []
 
     async def live(self) -> str:
-        """Start the child's environment, run its loop, take everything down."""
+        """Start the child's environment and stage, run its loop, take everything down."""
         host, spec = self._host, self._spec
-        environment, _ = make_environment(
-            dataclasses.replace(host.options, task_id=self.task_id), host.options.env
+        plan = plan_run(
+            dataclasses.replace(
+                host.options, tools=spec.tools, task_id=self.task_id, budget=self.budget
+            ),
+            host.registry,
         )
+        self._plan = plan
+        environment, base_env = make_environment(plan.options, plan.options.env)
+        runtime: Runtime | None = None
         workdir: str | None = None
         try:
             runtime = await environment.start()
-            self._runtime = runtime
-            if host.options.cwd is None:
+            self._stage = await open_stage(runtime, plan, base_env)
+            if plan.options.cwd is None:
                 workdir = await runtime.make_private_dir("hermes-delegate-")
-            cwd = host.options.cwd or workdir or runtime.default_cwd
-            self._options = dataclasses.replace(
-                host.options, tools=spec.tools, task_id=self.task_id, cwd=cwd, budget=self.budget
-            )
+            cwd = plan.options.cwd or workdir or runtime.default_cwd
+            self._options = dataclasses.replace(plan.options, cwd=cwd)
             context = ToolContext(
                 task_id=self.task_id,
                 environment=runtime,
                 cwd=cwd,
-                approval=host.options.approval,
-                workspace_root=host.options.workspace_root,
+                approval=plan.options.approval,
+                workspace_root=plan.options.workspace_root,
             )
             self._gate = ToolGate(host.registry, spec.tools, self.budget, context)
             if spec.may_delegate:
@@ -421,11 +438,11 @@ class _Toolbox:
         finally:
             self._closed = True
             with anyio.CancelScope(shield=True):
-                if workdir is not None and self._runtime is not None:
-                    try:
-                        await self._runtime.remove_tree(workdir)
-                    except (BackendError, OSError):
-                        pass  # the environment goes next, and takes it along
+                if runtime is not None:
+                    # (the environment goes next, and takes anything left along)
+                    for path in (workdir, self._stage.path if self._stage else None):
+                        if path is not None:
+                            await remove_stage(runtime, path)
                 await environment.aclose()
 
     def definitions(self) -> list[dict[str, Any]]:
@@ -498,11 +515,10 @@ class _Toolbox:
     async def execute_code(self, code: str) -> str:
         if self._closed:
             return tool_error("this child has ended; its tools can no longer be called")
-        assert self._options is not None and self._runtime is not None
+        assert self._plan is not None and self._stage is not None
         try:  # (the run ends by the child's deadline: its budget is the run's parent)
-            result = await run_code(
-                code, self._options, registry=self._host.registry, runtime=self._runtime
-            )
+            async with self._scripts:
+                result = await run_in_stage(self._stage, code, self._plan, options=self._options)
         except RunError as exc:
             return tool_error(str(exc))
         return self._deliver(result.to_json())

@@ -43,6 +43,7 @@ from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
+from hermes_sandbox.streaming import OutputCallback, StreamedOutput
 from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
 from hermes_sandbox.tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
@@ -187,10 +188,13 @@ def _error_line(stderr: str) -> str | None:
     return None
 
 
-async def _pump(stream: Any, sink: CappedOutput) -> None:
+async def _pump(stream: Any, sink: CappedOutput, streamed: StreamedOutput | None) -> None:
     try:
         async for chunk in stream:
-            sink.feed(chunk)
+            if streamed is None:
+                sink.feed(chunk)
+            else:
+                await streamed.feed(chunk)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
 
@@ -203,14 +207,21 @@ async def _supervise(
     timeout: float,
     kill_grace: float,
     interrupt: anyio.Event | None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
 ) -> tuple[Status, int | None]:
-    """Wait for the script within the limits; kill it and all it started; drain output."""
+    """Wait for the script within the limits; kill it and all it started; drain output
+    (into the capped sinks, and line by line to the callbacks given)."""
     status: Status = "success"
     exit_code: int | None = None
+    streams = [
+        (process.stdout, stdout, StreamedOutput(stdout, on_stdout) if on_stdout else None),
+        (process.stderr, stderr, StreamedOutput(stderr, on_stderr) if on_stderr else None),
+    ]
     try:
         async with anyio.create_task_group() as pumps:
-            pumps.start_soon(_pump, process.stdout, stdout)
-            pumps.start_soon(_pump, process.stderr, stderr)
+            for source, sink, streamed in streams:
+                pumps.start_soon(_pump, source, sink, streamed)
             with anyio.move_on_after(timeout) as deadline:
                 async with anyio.create_task_group() as waiters:
 
@@ -231,6 +242,9 @@ async def _supervise(
                 await process.kill(kill_grace)  # the script's leftovers too
             # Every writer is gone now; give the pipes a moment to deliver the rest.
             pumps.cancel_scope.deadline = anyio.current_time() + DRAIN_SECONDS
+        for _, _, streamed in streams:
+            if streamed is not None:
+                await streamed.flush()  # a last line without its newline
     finally:
         with anyio.CancelScope(shield=True):
             await process.aclose()
@@ -241,24 +255,6 @@ async def _supervise(
     if exit_code is not None and exit_code < 0:
         exit_code = 128 - exit_code  # killed by a signal: report it as a shell would
     return ("success" if exit_code == 0 else "error"), exit_code
-
-
-async def _remove_stage(runtime: Runtime, stage: str) -> str | None:
-    """Remove the stage directory; what went wrong, if anything (a sandbox that went
-    away mid-run takes its stage with it: the result, not an exception, says so)."""
-    try:
-        await runtime.remove_tree(stage)
-    except (BackendError, OSError) as exc:
-        log.warning("could not remove the stage %s: %s", stage, exc)
-        return str(exc)
-    return None
-
-
-async def _stage(runtime: Runtime, stage: str, code: str, files: Mapping[str, str]) -> None:
-    """Write the script and the runtime's files into the stage directory."""
-    await runtime.write_bytes(posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600)
-    for name, text in files.items():
-        await runtime.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
 
 
 def make_environment(
@@ -283,38 +279,101 @@ def make_environment(
     return environment, base_env
 
 
-async def run_code(
-    code: str,
-    options: RunOptions | None = None,
-    *,
-    registry: ToolRegistry | None = None,
-    interrupt: anyio.Event | None = None,
-    runtime: Runtime | None = None,
-) -> ExecutionResult:
-    """Run ``code`` as a script under ``options`` and return its result.
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A run's checked options and what follows from them before anything starts: the
+    registry that serves its calls, the tools it may call and the stub files that
+    declare them. One plan serves every run of a session."""
 
-    Setting ``interrupt`` stops the script (status ``interrupted``). Cancelling the
-    calling task kills the script too before the cancellation goes on. ``runtime``
-    runs it in an environment the caller started and will close (a delegated child's
-    own sandbox); by default the run starts one from ``options`` and closes it. Raises
-    :class:`RunError` for options that make no sense and
-    :class:`environments.BackendError` when the backend cannot be used.
-    """
-    started = time.monotonic()
+    options: RunOptions
+    registry: ToolRegistry
+    tools: list[str]
+    files: Mapping[str, str]
+
+
+def plan_run(options: RunOptions | None, registry: ToolRegistry | None) -> Plan:
+    """Check ``options`` and resolve the tools; raise :class:`RunError`."""
     options = (options or RunOptions()).validate()
     if registry is None:
         registry = default_registry
         load_builtin_tools()
+    tools = resolve_tools(registry, options.tools)
+    try:
+        check_transport(options.transport)
+    except TransportUnavailable as exc:
+        raise RunError(str(exc)) from None
+    return Plan(options, registry, tools, stub_files(registry.get_definitions(tools)))
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A started environment made ready for scripts: the transport chosen and a private
+    stage directory holding the stub files (and the relay, where it is needed). Each
+    run writes its script there; :func:`remove_stage` removes it."""
+
+    runtime: Runtime
+    transport: str
+    path: str
+    base_env: Mapping[str, str]
+
+
+async def open_stage(runtime: Runtime, plan: Plan, base_env: Mapping[str, str]) -> Stage:
+    """Choose the transport for ``runtime``, make the stage and write the stub files.
+    Raises RunError (a transport that cannot work there) and BackendError."""
+    try:
+        transport = choose_transport(plan.options.transport, runtime)
+    except TransportUnavailable as exc:
+        raise RunError(str(exc)) from None
+    parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
+    path = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
+    files = dict(plan.files)
+    if needs_relay(transport, runtime):
+        files[RELAY_MODULE] = relay_source()
+    try:
+        for name, text in files.items():
+            await runtime.write_bytes(posixpath.join(path, name), text.encode(), mode=0o600)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await remove_stage(runtime, path)
+        raise
+    return Stage(runtime, transport, path, dict(base_env))
+
+
+async def remove_stage(runtime: Runtime, stage: str) -> str | None:
+    """Remove the stage directory; what went wrong, if anything (a sandbox that went
+    away mid-run takes its stage with it: the result, not an exception, says so)."""
+    try:
+        await runtime.remove_tree(stage)
+    except (BackendError, OSError) as exc:
+        log.warning("could not remove the stage %s: %s", stage, exc)
+        return str(exc)
+    return None
+
+
+async def run_in_stage(
+    stage: Stage,
+    code: str,
+    plan: Plan,
+    *,
+    options: RunOptions | None = None,
+    interrupt: anyio.Event | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+    started: float | None = None,
+) -> ExecutionResult:
+    """Run ``code`` in ``stage`` under ``options`` (default: the plan's) and return its
+    result; the environment and the stage stay as they are. ``started`` is when the
+    caller's clock for the result's duration began (default: now)."""
+    started = time.monotonic() if started is None else started
+    options = options or plan.options
     if not isinstance(code, str):
         raise RunError(f"code must be a string, got {type(code).__name__}")
-    tools = resolve_tools(registry, options.tools)
-    files = stub_files(registry.get_definitions(tools))
+    runtime = stage.runtime
     budget = Budget(options.max_tool_calls, parent=options.budget)
     if options.budget is not None:
         left = options.budget.remaining_time()
         if left is not None and left < options.timeout:
             options = replace(options, timeout=max(left, 0.001))
-
     await anyio.to_thread.run_sync(
         sweep_spill_dir, options.spill_dir or default_spill_dir(), options.spill_retention
     )
@@ -325,75 +384,51 @@ async def run_code(
     )
     stderr = CappedOutput(options.max_stderr_bytes)
     lost: str | None = None  # why the sandbox went away mid-run, if it did
-    cleanup_problem: str | None = None
-    environment, base_env = make_environment(options, options.env)
-    own_environment = runtime is None
-    gate: ToolGate | None = None
-    marker = secrets.token_hex(12)
+    cwd = options.cwd or runtime.default_cwd
     try:
-        check_transport(options.transport)
-    except TransportUnavailable as exc:
-        raise RunError(str(exc)) from None
-    try:
-        if runtime is None:
-            runtime = await environment.start()
+        await runtime.write_bytes(
+            posixpath.join(stage.path, SCRIPT_NAME), code.encode("utf-8"), mode=0o600
+        )
+        context = ToolContext(
+            task_id=options.task_id or uuid.uuid4().hex,
+            environment=runtime,
+            cwd=cwd,
+            approval=options.approval,
+            workspace_root=options.workspace_root,
+        )
+        gate = ToolGate(plan.registry, plan.tools, budget, context)
+        token = secrets.token_urlsafe(32)
+        server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
+        pythonpath = stage.base_env.get("PYTHONPATH")
+        child_env = {
+            **stage.base_env,
+            "HERMES_RPC_TOKEN": token,
+            "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
+            "PYTHONPATH": stage.path + (os.pathsep + pythonpath if pythonpath else ""),
+        }
+        script = Script(
+            stage=stage.path,
+            argv=[runtime.python, posixpath.join(stage.path, SCRIPT_NAME)],
+            env=child_env,
+            cwd=cwd,
+            marker=secrets.token_hex(12),
+        )
+        launch = TRANSPORTS[stage.transport](runtime, server, script)
         try:
-            try:
-                transport = choose_transport(options.transport, runtime)
-            except TransportUnavailable as exc:
-                raise RunError(str(exc)) from None
-            parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
-            stage = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
-            cwd = options.cwd or runtime.default_cwd
-            try:
-                if needs_relay(transport, runtime):
-                    files = {**files, RELAY_MODULE: relay_source()}
-                await _stage(runtime, stage, code, files)
-                context = ToolContext(
-                    task_id=options.task_id or uuid.uuid4().hex,
-                    environment=runtime,
-                    cwd=cwd,
-                    approval=options.approval,
-                    workspace_root=options.workspace_root,
+            async with launch as process:
+                status, exit_code = await _supervise(
+                    process,
+                    stdout,
+                    stderr,
+                    timeout=options.timeout,
+                    kill_grace=options.kill_grace,
+                    interrupt=interrupt,
+                    on_stdout=on_stdout,
+                    on_stderr=on_stderr,
                 )
-                gate = ToolGate(registry, tools, budget, context)
-                token = secrets.token_urlsafe(32)
-                server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
-                pythonpath = base_env.get("PYTHONPATH")
-                child_env = {
-                    **base_env,
-                    "HERMES_RPC_TOKEN": token,
-                    "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
-                    "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
-                }
-                script = Script(
-                    stage=stage,
-                    argv=[runtime.python, posixpath.join(stage, SCRIPT_NAME)],
-                    env=child_env,
-                    cwd=cwd,
-                    marker=marker,
-                )
-                launch = TRANSPORTS[transport](runtime, server, script)
-                try:
-                    async with launch as process:
-                        status, exit_code = await _supervise(
-                            process,
-                            stdout,
-                            stderr,
-                            timeout=options.timeout,
-                            kill_grace=options.kill_grace,
-                            interrupt=interrupt,
-                        )
-                        lost = getattr(process, "lost", None)
-                except TransportUnavailable as exc:
-                    raise RunError(str(exc)) from None
-            finally:
-                with anyio.CancelScope(shield=True):
-                    cleanup_problem = await _remove_stage(runtime, stage)
-        finally:
-            if own_environment:
-                with anyio.CancelScope(shield=True):
-                    await environment.aclose()
+                lost = getattr(process, "lost", None)
+        except TransportUnavailable as exc:
+            raise RunError(str(exc)) from None
     finally:
         stdout.close()
     return _shape_result(
@@ -401,13 +436,68 @@ async def run_code(
         exit_code,
         stdout,
         stderr,
-        calls=gate.calls_made if gate else 0,
+        calls=gate.calls_made,
         duration=time.monotonic() - started,
         timeout=options.timeout,
-        tools=tools,
+        tools=plan.tools,
         lost=lost,
-        cleanup_problem=cleanup_problem,
     )
+
+
+def with_cleanup_problem(result: ExecutionResult, problem: str | None) -> ExecutionResult:
+    """``result`` with a warning that the stage could not be removed, if it could not."""
+    if not problem:
+        return result
+    note = f"The run's staging directory could not be removed: {problem}"
+    result.warning = f"{result.warning} {note}" if result.warning else note
+    return result
+
+
+async def run_code(
+    code: str,
+    options: RunOptions | None = None,
+    *,
+    registry: ToolRegistry | None = None,
+    interrupt: anyio.Event | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+) -> ExecutionResult:
+    """Run ``code`` as a script under ``options`` and return its result: start the
+    environment, stage, run, then remove the stage and close the environment (a
+    :class:`~hermes_sandbox.session.AsyncSession` keeps them for many runs).
+
+    Setting ``interrupt`` stops the script (status ``interrupted``). Cancelling the
+    calling task kills the script too before the cancellation goes on. ``on_stdout``
+    and ``on_stderr`` get the output line by line as it is printed (see
+    :mod:`sandbox.streaming`). Raises :class:`RunError` for options that make no sense
+    and :class:`environments.BackendError` when the backend cannot be used.
+    """
+    started = time.monotonic()
+    plan = plan_run(options, registry)
+    if not isinstance(code, str):
+        raise RunError(f"code must be a string, got {type(code).__name__}")
+    environment, base_env = make_environment(plan.options, plan.options.env)
+    try:
+        runtime = await environment.start()
+        stage = await open_stage(runtime, plan, base_env)
+        cleanup_problem: str | None = None
+        try:
+            result = await run_in_stage(
+                stage,
+                code,
+                plan,
+                interrupt=interrupt,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                started=started,
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                cleanup_problem = await remove_stage(runtime, stage.path)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await environment.aclose()
+    return with_cleanup_problem(result, cleanup_problem)
 
 
 def _shape_result(
@@ -421,7 +511,6 @@ def _shape_result(
     timeout: float,
     tools: Sequence[str],
     lost: str | None = None,
-    cleanup_problem: str | None = None,
 ) -> ExecutionResult:
     output = clean_for_model(stdout.text())
     stderr_text = clean_for_model(stderr.text())
@@ -466,9 +555,6 @@ def _shape_result(
             )
         elif stdout.spill_error:
             warning += f" ({stdout.spill_error})"
-    if cleanup_problem:
-        note = f"The run's staging directory could not be removed: {cleanup_problem}"
-        warning = f"{warning} {note}" if warning else note
     return ExecutionResult(
         status=status,
         output=output,

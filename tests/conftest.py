@@ -9,6 +9,8 @@
   name the scrubber lets through, and only marked processes with that tag count.
 - ``gone``, ``assert_gone``, ``wait_for_pids`` and ``sandbox_processes``: by-pid checks
   of the processes a script started.
+- ``tool_env``, ``workspace`` and ``tool_ctx`` (from tests/toolcalls.py): a tool's
+  context on a real LocalEnvironment, for calling tools through the registry.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from typing import Any
 
 import psutil
 import pytest
+
+# Fixtures for calling tools on a real LocalEnvironment (tool_env, workspace, tool_ctx).
+from toolcalls import tool_ctx, tool_env, workspace  # noqa: F401
 
 import hermes_sandbox.environments.docker.environment as docker_backend
 import hermes_sandbox.environments.docker.settings as docker_settings
