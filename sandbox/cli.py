@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="give a sandbox network access, for a backend that can block it (default: "
         "none, loopback only; on local, under bwrap)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--isolation",
         metavar="auto|bwrap|none",
         help="how the local backend contains the script: under bubblewrap (bwrap), or "
