@@ -320,7 +320,6 @@ async def run_code(
     cleanup_problem: str | None = None
     environment, base_env = _make_environment(options, options.env)
     gate: ToolGate | None = None
-    marker = secrets.token_hex(12)
     try:
         check_transport(options.transport)
     except TransportUnavailable as exc:
@@ -361,7 +360,6 @@ async def run_code(
                     argv=[runtime.python, posixpath.join(stage, SCRIPT_NAME)],
                     env=child_env,
                     cwd=cwd,
-                    marker=marker,
                 )
                 launch = TRANSPORTS[transport](runtime, server, script)
                 try:
