@@ -133,8 +133,10 @@ def kill_tree(root, grace, include_root=False, reap=False, deadline=10.0):
     signalled = set(targets)
     until = time.monotonic() + deadline
     while True:
-        # Earlier targets stay targets: one whose parent died has left the subtree.
+        # Earlier targets stay targets (one whose parent died has left the subtree),
+        # and are stopped again: the SIGCONT above woke them.
         frozen = set(p for p in signalled if alive(p))
+        signal_all(frozen, signal.SIGSTOP)
         frozen = _freeze(root, include_root, frozen)
         live = set(p for p in frozen if alive(p))
         if not live:

@@ -84,6 +84,7 @@ from hermes_sandbox.environments.docker.settings import (
 from hermes_sandbox.environments.docker.stream import DockerExecStream, ThreadedSocketStream
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+from hermes_sandbox.threads import kill_limiter
 
 try:
     import docker
@@ -96,6 +97,13 @@ except ImportError:  # reported by DockerEnvironment.start, so DockerSettings wo
 log = logging.getLogger(__name__)
 
 JANITOR_PATH = str(resources.files(__package__).joinpath("janitor.py"))
+
+
+def _janitor_env() -> dict[str, str]:
+    """What the janitor's docker client reads (the engine's TLS settings, ~/.docker),
+    and nothing else of this process's environment."""
+    keep = ("HOME", "PATH", "SSL_CERT_FILE", "SSL_CERT_DIR")
+    return {k: v for k, v in os.environ.items() if k.startswith("DOCKER_") or k in keep}
 
 
 class DockerEnvironment(ExecStreamEnvironment):
@@ -266,7 +274,7 @@ class DockerEnvironment(ExecStreamEnvironment):
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                env=dict(os.environ),
+                env=_janitor_env(),
             )
         except OSError as exc:  # the reaper of a later run takes what is left
             log.warning("could not start the container's janitor: %s", exc)
@@ -282,7 +290,7 @@ class DockerEnvironment(ExecStreamEnvironment):
             janitor.stdin.close()
         except OSError:
             pass
-        await anyio.to_thread.run_sync(janitor.wait)
+        await anyio.to_thread.run_sync(janitor.wait, limiter=kill_limiter())
 
     def _claim(self, entry: Mapping[str, Any], image_id: str) -> bool:
         """Whether a container found for the task may be used: it runs our image, and
