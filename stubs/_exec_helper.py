@@ -115,7 +115,7 @@ def run(token, grace, cwd, command):
         os._exit(127)
     status = os.waitpid(pid, 0)[1]
     code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    kill_tree(os.getpid(), grace, reap=True)  # what the command left in the background
+    kill_tree(os.getpid(), grace, reap_children=True)  # what the command left in the background
     sys.exit(code)
 
 

@@ -86,15 +86,19 @@ def signal_all(pids, sig):
             pass
 
 
-def _reap():
-    """Collect the exit status of any child that has one (ours to reap as subreaper)."""
+def reap(watched=None):
+    """Collect the exit status of every child that has one (a subreaper's orphans
+    included); return the wait status of ``watched`` if it was among them."""
+    found = None
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except (ChildProcessError, OSError):
-            return
+            return found
         if pid == 0:
-            return
+            return found
+        if pid == watched:
+            found = status
 
 
 def _freeze(root, include_root, frozen):
@@ -112,14 +116,14 @@ def _freeze(root, include_root, frozen):
     return frozen
 
 
-def kill_tree(root, grace, include_root=False, reap=False, deadline=10.0):
+def kill_tree(root, grace, include_root=False, reap_children=False, deadline=10.0):
     """Kill every process below ``root`` (and ``root`` itself with ``include_root``).
 
     With ``grace`` > 0 they get SIGTERM (and SIGCONT, so stopped ones can act on it)
     and that many seconds; then whatever is left, frozen first, gets SIGKILL, which
     works on stopped processes too. Loops until nothing below ``root`` runs (or
-    ``deadline`` seconds pass). ``reap`` collects the zombies of our own children (a
-    subreaper's orphans). Returns the number of processes signalled.
+    ``deadline`` seconds pass). ``reap_children`` collects the zombies of our own
+    children (a subreaper's orphans). Returns the number of processes signalled.
     """
     targets = _freeze(root, False, set())
     if targets and grace > 0:
@@ -127,8 +131,8 @@ def kill_tree(root, grace, include_root=False, reap=False, deadline=10.0):
         signal_all(targets, signal.SIGCONT)
         until = time.monotonic() + grace
         while time.monotonic() < until and any(alive(p) for p in targets):
-            if reap:
-                _reap()
+            if reap_children:
+                reap()
             time.sleep(0.01)
     signalled = set(targets)
     until = time.monotonic() + deadline
@@ -146,8 +150,8 @@ def kill_tree(root, grace, include_root=False, reap=False, deadline=10.0):
         if time.monotonic() > until:
             break
         time.sleep(0.005)
-        if reap:
-            _reap()
-    if reap:
-        _reap()
+        if reap_children:
+            reap()
+    if reap_children:
+        reap()
     return len(signalled)

@@ -31,7 +31,7 @@ import sys
 import time
 
 if "kill_tree" not in globals():  # run alone: the host prepends _proctree.py's source
-    from _proctree import become_subreaper, kill_tree
+    from _proctree import become_subreaper, kill_tree, reap
 
 try:
     import msgpack as _mp
@@ -357,18 +357,12 @@ class Relay(object):
         self.reap()
 
     def reap(self):
-        # The relay may be pid 1 of its namespace or the parent of orphans: reap them.
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if self.child is not None and pid == self.child.pid and self.exit_code is None:
-                self.child.returncode = (
-                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                )
+        # The relay is the parent of orphans (a subreaper), maybe pid 1: reap them all.
+        status = reap(None if self.child is None else self.child.pid)
+        if status is not None and self.exit_code is None:
+            self.child.returncode = (
+                -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            )
 
     def kill_all(self, grace):
         if self.killing:

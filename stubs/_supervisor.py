@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
-    from _proctree import become_subreaper, die_with_parent, kill_tree
+    from _proctree import become_subreaper, die_with_parent, kill_tree, reap
 
 
 def _parse(args):
@@ -58,16 +58,10 @@ class Supervisor(object):
             self.stop_requested = True
 
     def reap(self):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if self.child is not None and pid == self.child.pid:
-                self.status = status
-                self.child.returncode = 0  # reaped here: Popen must not wait for it
+        status = reap(None if self.child is None else self.child.pid)
+        if status is not None:
+            self.status = status
+            self.child.returncode = 0  # reaped here: Popen must not wait for it
 
     def run(self):
         self.stop_requested = False
@@ -118,7 +112,7 @@ class Supervisor(object):
     def finish(self):
         """Kill everything below; remove the stage if the runner is gone; return the
         child's exit status as a wait status (None: it did not exit by itself)."""
-        kill_tree(os.getpid(), 0, reap=True)
+        kill_tree(os.getpid(), 0, reap_children=True)
         self.reap()
         if self.runner_gone and self.remove:
             shutil.rmtree(self.remove, ignore_errors=True)
