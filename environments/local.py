@@ -175,27 +175,10 @@ class LocalEnvironment(Environment, Runtime):
         env: Mapping[str, str],
         stage: str | None = None,
     ) -> _Supervised:
-        """Start ``argv`` under the supervisor (:func:`launch_argv`): every local launch
-        goes through here."""
-        lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
-        try:
-            process = await anyio.open_process(
-                launch_argv(argv, lifeline=lifeline, stage=stage),
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
-                pass_fds=(lifeline,),
-            )
-        except BaseException:
-            os.close(keep)
-            raise
-        finally:
-            os.close(lifeline)
-        handle = _Supervised(process, keep, self._live)
-        self._live.add(handle)
+        handle = await open_supervised(
+            argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, stage=stage
+        )
+        handle.track(self._live)
         return handle
 
     async def spawn(
@@ -329,15 +312,52 @@ class LocalEnvironment(Environment, Runtime):
         )
 
 
+async def open_supervised(
+    argv: Sequence[str],
+    *,
+    stdin: Any,
+    stdout: Any,
+    stderr: Any,
+    cwd: str | None,
+    env: Mapping[str, str],
+    stage: str | None = None,
+) -> _Supervised:
+    """Start ``argv`` on this machine under the supervisor (:func:`launch_argv`): every
+    local launch goes through here. Raises OSError (a ``cwd`` that does not exist)."""
+    lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
+    try:
+        process = await anyio.open_process(
+            launch_argv(argv, lifeline=lifeline, stage=stage),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
+            pass_fds=(lifeline,),
+        )
+    except BaseException:
+        os.close(keep)
+        raise
+    finally:
+        os.close(lifeline)
+    return _Supervised(process, keep)
+
+
 class _Supervised:
-    """A supervisor this environment started: its process, the write end of its
+    """A process started under the supervisor: the process, the write end of its
     lifeline, and the kill of its tree."""
 
-    def __init__(self, process: anyio.abc.Process, lifeline: int, live: set[_Supervised]) -> None:
+    def __init__(self, process: anyio.abc.Process, lifeline: int) -> None:
         self.process = process
         self.pid = process.pid
         self._lifeline: int | None = lifeline
+        self._live: set[_Supervised] = set()
+
+    def track(self, live: set[_Supervised]) -> None:
+        """Be in ``live`` (an environment's launches to kill at its close) while running."""
         self._live = live
+        live.add(self)
 
     async def kill(self, grace: float) -> None:
         """Kill everything below the supervisor (SIGTERM, ``grace``, SIGKILL); then it
