@@ -37,7 +37,7 @@ def die_with_parent(sig):
 
 def _parents():
     """Map pid -> parent pid of every process visible in /proc."""
-    parents = {}
+    parents = {}  # type: dict[int, int]
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -56,7 +56,7 @@ def _parents():
 
 def descendants(root):
     """The pids below ``root`` (not ``root`` itself), zombies included."""
-    children = {}
+    children = {}  # type: dict[int, list[int]]
     for pid, parent in _parents().items():
         children.setdefault(parent, []).append(pid)
     found, todo = set(), [root]

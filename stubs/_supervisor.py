@@ -58,7 +58,9 @@ class Supervisor(object):
             self.stop_requested = True
 
     def reap(self):
-        status = reap(None if self.child is None else self.child.pid)
+        if self.child is None:
+            return
+        status = reap(self.child.pid)
         if status is not None:
             self.status = status
             self.child.returncode = 0  # reaped here: Popen must not wait for it
