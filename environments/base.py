@@ -165,9 +165,18 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        stage: str | None = None,
     ) -> SandboxProcess:
-        """Start ``argv`` with exactly ``env`` as its environment, stdin closed."""
+        """Start ``argv`` with exactly ``env`` as its environment, stdin closed.
+
+        ``stage`` is the run's directory: an environment that can removes it if this
+        host process dies while the process runs.
+        """
 
     @abc.abstractmethod
     async def open_exec_stream(
@@ -176,13 +185,21 @@ class Runtime(abc.ABC):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        stage: str | None = None,
     ) -> ExecStream:
         """Start ``argv`` with its stdin and stdout attached to the returned stream.
 
-        ``env`` adds to (does not replace) the environment's own variables. Closing the
-        stream ends the process's stdin and stops the client side; the process itself is
-        expected to exit on end of input (the relay does).
+        ``env`` adds to (does not replace) the environment's own variables; ``stage`` is
+        as for :meth:`spawn`. Closing the stream ends the process's stdin and stops the
+        client side; the process itself is expected to exit on end of input (the relay
+        does).
         """
+
+    @abc.abstractmethod
+    async def kill_process_tree(self, pid: int, grace: float = 0.0) -> None:
+        """Kill the process ``pid`` of this environment and every process below it,
+        found by parentage (stopped ones too): SIGTERM, ``grace`` seconds, SIGKILL.
+        For a process that stopped answering (a relay a script froze with SIGSTOP)."""
 
 
 class Environment(abc.ABC):

@@ -5,11 +5,12 @@ a backend to do three things: make its sandbox (:meth:`~ExecStreamEnvironment._s
 remove it (:meth:`~ExecStreamEnvironment._stop`), and start a command inside it with
 stdin and stdout as one byte stream (:meth:`~ExecStreamEnvironment._open_exec`: a docker
 exec, an ssh channel, a cloud SDK's exec). The rest of the Environment contract is
-built here on that stream: a shell command under a timeout, killing what it left behind
-(by a marker variable, inside the sandbox), reading and writing files and scratch
-directories all run the stdlib helper program stubs/_exec_helper.py with the sandbox's
-own Python; scripts run under the stream relay (sandbox/transports.py). The lifecycle
-(start once, close once, "not started" and "closed" errors) is here too.
+built here on that stream: a shell command under a timeout, killing what it left
+behind (everything below the helper, a child subreaper, inside the sandbox), reading and
+writing files and scratch directories all run the stdlib helper program
+stubs/_exec_helper.py with the sandbox's own Python; scripts run under the stream
+relay (sandbox/transports.py). The lifecycle (start once, close once, "not started" and
+"closed" errors) is here too.
 
 docs/backends.md, "Adding a backend", shows a whole backend.
 """
@@ -49,7 +50,7 @@ _DRAIN_SECONDS = 1.0
 
 # The program every exec-stream backend runs in its sandbox for commands and files.
 HELPER_PROGRAM = "_exec_helper.py"
-HELPER_SOURCE = program_source(HELPER_PROGRAM)
+HELPER_SOURCE = program_source("_proctree.py") + "\n" + program_source(HELPER_PROGRAM)
 
 
 def unhex(text: str) -> str:
@@ -209,11 +210,18 @@ class ExecStreamEnvironment(Environment, Runtime):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        stage: str | None = None,
     ) -> ExecStream:
+        # ``stage`` is the relay's to remove: it does when its input ends.
         return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True)
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        stage: str | None = None,
     ) -> SandboxProcess:
         raise SpawnNotAvailable(
             f"the {self.name} backend starts scripts through the relay; use open_exec_stream"
@@ -281,11 +289,21 @@ class ExecStreamEnvironment(Environment, Runtime):
         return CommandResult(text, exit_code)
 
     async def _kill_command(self, token: str) -> None:
-        """Kill, inside the sandbox, every process carrying the command's marker."""
+        """Kill, inside the sandbox, the command's helper and everything below it."""
         try:
-            await self._helper("kill", token, str(self.kill_grace))
+            await self._helper("killrun", token, str(self.kill_grace))
         except (BackendError, OSError) as exc:
             log.warning("could not kill a command's processes: %s", exc)
+
+    async def kill_process_tree(self, pid: int, grace: float = 0.0) -> None:
+        """Kill ``pid`` in the sandbox and everything below it (the helper's
+        ``killtree``); a sandbox that is gone has nothing left to kill."""
+        if not self._started:
+            return
+        try:
+            await self._helper("killtree", str(pid), str(grace))
+        except (BackendError, OSError) as exc:
+            log.warning("could not kill process %d %s: %s", pid, self.where, exc)
 
     async def _helper(self, verb: str, *args: str, data: bytes | None = None) -> bytes:
         """Run the helper in the sandbox; return its stdout, raise what it reports."""

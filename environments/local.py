@@ -1,11 +1,13 @@
-"""The local backend: run on this machine, as this user, in a new session.
+"""The local backend: run on this machine, as this user.
 
 Scripts start behind the run's isolation (environments/isolation.py): under bubblewrap
 where it works, with the host's network only when asked for. Every process this
-environment starts carries a marker variable in its environment, so that
-:meth:`LocalEnvironment.aclose` finds and kills all of them, even daemons that left the
-session and were reparented. A process's own :meth:`LocalProcess.kill` takes its
-descendants and every process still in its session.
+environment starts runs under the supervisor (stubs/_supervisor.py, composed by
+:func:`launch_argv`, outside bubblewrap): a child subreaper that ends everything the
+process started when it exits or when this host process dies (its lifeline pipe ends),
+and removes the run's stage in that case. Killing is by /proc ancestry below the
+supervisor (:meth:`LocalEnvironment.kill_process_tree`), never by an environment
+variable or a session, which a script can leave.
 """
 
 from __future__ import annotations
@@ -14,21 +16,18 @@ import errno
 import functools
 import logging
 import os
-import secrets
 import shutil
-import signal
 import stat as stat_module
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, BinaryIO, ClassVar, Self
 
 import anyio
 import anyio.abc
-import psutil
 
 from hermes_sandbox.environments.base import (
     DEFAULT_MAX_COMMAND_OUTPUT,
@@ -51,12 +50,37 @@ from hermes_sandbox.environments.isolation import (
 )
 from hermes_sandbox.environments.settings import BackendSettings
 from hermes_sandbox.errors import SandboxError
+from hermes_sandbox.stubs import _proctree
 from hermes_sandbox.threads import kill_limiter, tool_limiter
 
 log = logging.getLogger(__name__)
 
-MARKER_VAR = "HERMES_SANDBOX_ENV"
 _DRAIN_SECONDS = 1.0
+# How long a supervisor gets to end by itself after its tree was killed or its input
+# closed, before it is killed with its tree.
+_SUPERVISOR_EXIT_SECONDS = 2.0
+SUPERVISOR_PATH = str(resources.files("hermes_sandbox.stubs").joinpath("_supervisor.py"))
+
+
+def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None) -> list[str]:
+    """The command line of every local launch: ``argv`` under the supervisor.
+
+    ``lifeline`` is the read end of a pipe whose write end only this process holds;
+    ``stage`` a directory the supervisor removes if this process dies first. This is
+    the one place a launch is composed: a sandboxing prefix (bubblewrap) goes between
+    the supervisor's ``--`` and ``argv``.
+    """
+    supervisor = [sys.executable, "-E", "-s", SUPERVISOR_PATH]
+    supervisor += ["--lifeline", str(lifeline), "--parent", str(os.getpid())]
+    if stage is not None:
+        supervisor += ["--remove", stage]
+    return [*supervisor, "--", *argv]
+
+
+def kill_tree_blocking(root: int, grace: float, *, include_root: bool) -> None:
+    """Kill every process below ``root`` (and ``root``, if asked): SIGTERM, ``grace``
+    seconds, then SIGKILL until none is left. Blocking: call it through a thread."""
+    _proctree.kill_tree(root, grace, include_root=include_root)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +137,13 @@ class LocalEnvironment(Environment, Runtime):
         kill_grace: float = 2.0,
     ) -> None:
         self.settings = settings if settings is not None else LocalSettings()
-        self.marker = secrets.token_hex(12)
         self._env = dict(os.environ if env is None else env)
-        self._env[MARKER_VAR] = self.marker
-        self._marker_entry = f"{MARKER_VAR}={self.marker}".encode()
         self._python = python or self.settings.python or sys.executable
         self.kill_grace = kill_grace
         self._closed = False
         self.isolation: Isolation | None = None  # chosen by start()
         self._stages: list[str] = []  # what make_private_dir made: the runs' to write
+        self._live: set[_Supervised] = set()  # launches whose supervisor may still run
 
     @classmethod
     def for_run(
@@ -189,36 +211,55 @@ class LocalEnvironment(Environment, Runtime):
         return not self._closed
 
     async def aclose(self) -> None:
+        """Kill whatever this environment started that still runs. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        marker = self._marker_entry
         with anyio.CancelScope(shield=True):  # a cancelled caller must not leave strays
-            await anyio.to_thread.run_sync(
-                kill_processes,
-                lambda: _pids_with_environ(marker),
-                self.kill_grace,
-                limiter=kill_limiter(),
-            )
+            for handle in list(self._live):
+                await handle.kill(0)
 
-    def _child_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        merged = dict(self._env if env is None else env)
-        merged[MARKER_VAR] = self.marker
-        return merged
+    async def kill_process_tree(self, pid: int, grace: float = 0.0) -> None:
+        """Kill ``pid`` and every process below it (SIGTERM, ``grace``, SIGKILL)."""
+        await anyio.to_thread.run_sync(
+            lambda: kill_tree_blocking(pid, grace, include_root=True), limiter=kill_limiter()
+        )
+
+    async def _open(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Any,
+        stdout: Any,
+        stderr: Any,
+        cwd: str | None,
+        env: Mapping[str, str],
+        stage: str | None = None,
+    ) -> _Supervised:
+        handle = await open_supervised(
+            argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, stage=stage
+        )
+        handle.track(self._live)
+        return handle
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stage: str | None = None,
     ) -> LocalProcess:
-        process = await anyio.open_process(
+        handle = await self._open(
             await self._contained(argv, cwd),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
-            env=self._child_env(env),
-            start_new_session=True,
+            env=dict(self._env if env is None else env),
+            stage=stage,
         )
-        return LocalProcess(process, self._marker_entry)
+        return LocalProcess(handle)
 
     async def open_exec_stream(
         self,
@@ -226,25 +267,23 @@ class LocalEnvironment(Environment, Runtime):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        stage: str | None = None,
     ) -> LocalExecStream:
-        merged = self._child_env(None)
-        if env:
-            merged.update(env)
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
-            process = await anyio.open_process(
+            handle = await self._open(
                 await self._contained(argv, cwd),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 cwd=cwd,
-                env=merged,
-                start_new_session=True,
+                env={**self._env, **(env or {})},
+                stage=stage,
             )
         except BaseException:
             stderr.close()
             raise
-        return LocalExecStream(process, stderr)
+        return LocalExecStream(handle, stderr)
 
     async def execute(
         self,
@@ -254,16 +293,16 @@ class LocalEnvironment(Environment, Runtime):
         cwd: str | None = None,
         max_output_bytes: int = DEFAULT_MAX_COMMAND_OUTPUT,
     ) -> CommandResult:
-        process = await anyio.open_process(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=self._child_env(None),
-            start_new_session=True,
+        handle = LocalProcess(
+            await self._open(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=dict(self._env),
+            )
         )
-        handle = LocalProcess(process, self._marker_entry)
         output = HeadTailBuffer(max_output_bytes)
 
         async def pump() -> None:
@@ -274,21 +313,21 @@ class LocalEnvironment(Environment, Runtime):
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(pump)
                 with anyio.move_on_after(timeout) as scope:
-                    await process.wait()
-                # The command is done (or out of time): what it left in the background
-                # goes too, then the pipe gets a moment to deliver the rest.
-                with anyio.CancelScope(shield=True):
-                    await handle.kill(self.kill_grace)
+                    code = await handle.wait()
+                # Out of time: the command and all it started go (a finished command's
+                # leftovers are already gone: its supervisor ended them), then the pipe
+                # gets a moment to deliver the rest.
+                if scope.cancelled_caught:
+                    with anyio.CancelScope(shield=True):
+                        await handle.kill(self.kill_grace)
                 tasks.cancel_scope.deadline = anyio.current_time() + _DRAIN_SECONDS
         finally:
             with anyio.CancelScope(shield=True):
                 await handle.aclose()
-        timed_out = scope.cancelled_caught
         text = output.text()
-        if timed_out:
+        if scope.cancelled_caught:
             return CommandResult(text, TIMEOUT_EXIT_CODE, timed_out=True)
-        code = process.returncode
-        return CommandResult(text, 128 - code if code is not None and code < 0 else code or 0)
+        return CommandResult(text, 128 - code if code < 0 else code)
 
     async def stat(self, path: str) -> FileStat:
         def _stat() -> FileStat:
@@ -338,48 +377,108 @@ class LocalEnvironment(Environment, Runtime):
         self._stages = await anyio.to_thread.run_sync(remove, limiter=kill_limiter())
 
 
-class LocalProcess(SandboxProcess):
-    def __init__(self, process: anyio.abc.Process, marker: bytes) -> None:
-        self._process = process
-        self._marker = marker
-        assert process.stdout is not None
-        self.stdout = process.stdout
-        self.stderr = process.stderr or _EmptyStream()
+async def open_supervised(
+    argv: Sequence[str],
+    *,
+    stdin: Any,
+    stdout: Any,
+    stderr: Any,
+    cwd: str | None,
+    env: Mapping[str, str],
+    stage: str | None = None,
+) -> _Supervised:
+    """Start ``argv`` on this machine under the supervisor (:func:`launch_argv`): every
+    local launch goes through here. Raises OSError (a ``cwd`` that does not exist)."""
+    lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
+    try:
+        process = await anyio.open_process(
+            launch_argv(argv, lifeline=lifeline, stage=stage),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
+            pass_fds=(lifeline,),
+        )
+    except BaseException:
+        os.close(keep)
+        raise
+    finally:
+        os.close(lifeline)
+    return _Supervised(process, keep)
+
+
+class _Supervised:
+    """A process started under the supervisor: the process, the write end of its
+    lifeline, and the kill of its tree."""
+
+    def __init__(self, process: anyio.abc.Process, lifeline: int) -> None:
+        self.process = process
         self.pid = process.pid
+        self._lifeline: int | None = lifeline
+        self._live: set[_Supervised] = set()
+
+    def track(self, live: set[_Supervised]) -> None:
+        """Be in ``live`` (an environment's launches to kill at its close) while running."""
+        self._live = live
+        live.add(self)
+
+    async def kill(self, grace: float) -> None:
+        """Kill everything below the supervisor (SIGTERM, ``grace``, SIGKILL); then it
+        exits by itself, or is killed too (a script may have stopped it)."""
+        process = self.process
+        if process.returncode is None:
+            # Below the supervisor first, so that the script's own exit status is kept.
+            await anyio.to_thread.run_sync(
+                lambda: kill_tree_blocking(self.pid, grace, include_root=False),
+                limiter=kill_limiter(),
+            )
+        with anyio.move_on_after(_SUPERVISOR_EXIT_SECONDS):
+            await process.wait()
+        if process.returncode is None:
+            await anyio.to_thread.run_sync(
+                lambda: kill_tree_blocking(self.pid, 0, include_root=True),
+                limiter=kill_limiter(),
+            )
+            with anyio.move_on_after(5):
+                await process.wait()
+        self.release()
+
+    def release(self) -> None:
+        """Close the lifeline (once the supervisor is gone, nothing is left to end)."""
+        if self.process.returncode is not None:
+            self._live.discard(self)
+            if self._lifeline is not None:
+                os.close(self._lifeline)
+                self._lifeline = None
+
+
+class LocalProcess(SandboxProcess):
+    def __init__(self, handle: _Supervised) -> None:
+        self._handle = handle
+        self._process = handle.process
+        assert self._process.stdout is not None
+        self.stdout = self._process.stdout
+        self.stderr = self._process.stderr or _EmptyStream()
+        self.pid = handle.pid
 
     @property
     def returncode(self) -> int | None:
         return self._process.returncode
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        code = await self._process.wait()
+        self._handle.release()
+        return code
 
     async def kill(self, grace: float = 2.0) -> None:
-        pid = self.pid
-
-        def members() -> set[int]:
-            found = _pids_in_session(pid)
-            try:
-                root = psutil.Process(pid)
-                found.update(child.pid for child in root.children(recursive=True))
-                found.add(pid)
-            except psutil.Error:
-                pass
-            if self._process.returncode is not None:
-                # The root has been reaped, so its pid (and session id) may already
-                # belong to someone else: only take processes that carry our marker.
-                found &= _pids_with_environ(self._marker, among=found)
-            return found
-
-        await anyio.to_thread.run_sync(kill_processes, members, grace, limiter=kill_limiter())
-        if self._process.returncode is None:
-            with anyio.move_on_after(5):
-                await self._process.wait()
+        await self._handle.kill(grace)
 
     async def aclose(self) -> None:
-        if self._process.returncode is None:
-            await self.kill(0)
-        await self._process.aclose()
+        with anyio.CancelScope(shield=True):
+            await self._handle.kill(0)
+            await self._process.aclose()
 
 
 class LocalExecStream(ExecStream):
@@ -387,8 +486,10 @@ class LocalExecStream(ExecStream):
 
     _STDERR_TAIL = 8192
 
-    def __init__(self, process: anyio.abc.Process, stderr: BinaryIO) -> None:
+    def __init__(self, handle: _Supervised, stderr: BinaryIO) -> None:
+        process = handle.process
         assert process.stdin is not None and process.stdout is not None
+        self._handle = handle
         self._process = process
         self._stdin = process.stdin
         self._stdout = process.stdout
@@ -416,15 +517,16 @@ class LocalExecStream(ExecStream):
         await self._stdin.aclose()
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        code = await self._process.wait()
+        self._handle.release()
+        return code
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
-            await self._stdin.aclose()
-            with anyio.move_on_after(5):
+            await self._stdin.aclose()  # the process's end of input: it should exit
+            with anyio.move_on_after(_SUPERVISOR_EXIT_SECONDS):
                 await self._process.wait()
-            if self._process.returncode is None:
-                self._process.kill()
+            await self._handle.kill(0)
             await self._process.aclose()
             if self._final_tail is None:
                 self._final_tail = self.stderr_tail
@@ -492,98 +594,3 @@ _SPECIAL_NAMES = {
     "char_device": "a character device",
     "block_device": "a block device",
 }
-
-
-# -- finding and killing processes ---------------------------------------------------
-# Blocking helpers: called through anyio.to_thread.
-
-
-def _all_pids() -> Iterable[int]:
-    if os.path.isdir("/proc"):
-        return (int(name) for name in os.listdir("/proc") if name.isdigit())
-    return psutil.pids()
-
-
-def _pids_in_session(sid: int) -> set[int]:
-    found = set()
-    me = os.getpid()
-    for pid in _all_pids():
-        if pid == me:
-            continue
-        try:
-            if os.getsid(pid) == sid:
-                found.add(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _pids_with_environ(marker: bytes, among: Iterable[int] | None = None) -> set[int]:
-    """Processes (of all, or ``among``) whose environment holds ``marker`` (``NAME=value``)."""
-    found = set()
-    me = os.getpid()
-    use_proc = os.path.isdir("/proc")
-    for pid in _all_pids() if among is None else among:
-        if pid == me:
-            continue
-        try:
-            if use_proc:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    entries = f.read().split(b"\0")
-            else:
-                entries = [f"{k}={v}".encode() for k, v in psutil.Process(pid).environ().items()]
-        except (OSError, psutil.Error):
-            continue
-        if marker in entries:
-            found.add(pid)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.Error:
-        return False
-
-
-def _signal(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
-def _freeze(collect: Callable[[], set[int]], frozen: set[int]) -> set[int]:
-    """SIGSTOP what ``collect`` finds until it finds nothing new, so nothing can fork
-    away between finding and killing."""
-    for _ in range(20):
-        new = {pid for pid in collect() if pid not in frozen}
-        if not new:
-            break
-        _signal(new, signal.SIGSTOP)
-        frozen |= new
-    return frozen
-
-
-def kill_processes(collect: Callable[[], set[int]], grace: float) -> None:
-    """Terminate every process ``collect`` finds, and what they start meanwhile.
-
-    SIGTERM first (with SIGCONT, so stopped processes can act on it), SIGKILL after
-    ``grace`` seconds for what is left. Zombies count as gone: nothing here reaps,
-    so a child of ours keeps its exit status for its parent.
-    """
-    targets = _freeze(collect, set())
-    if not targets:
-        return
-    if grace > 0:
-        _signal(targets, signal.SIGTERM)
-        _signal(targets, signal.SIGCONT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_alive(pid) for pid in targets):
-            time.sleep(0.01)
-    targets = _freeze(collect, {pid for pid in targets if _alive(pid)})
-    _signal(targets, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(pid) for pid in targets):
-        time.sleep(0.005)

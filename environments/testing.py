@@ -38,7 +38,7 @@ from hermes_sandbox.environments import register_backend
 from hermes_sandbox.environments.base import DEFAULT_MAX_COMMAND_OUTPUT, CommandResult
 from hermes_sandbox.environments.errors import EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
-from hermes_sandbox.environments.local import LocalExecStream
+from hermes_sandbox.environments.local import LocalExecStream, open_supervised
 from hermes_sandbox.environments.settings import BackendSettings
 
 # Answers a shell command instead of running it (None: run it after all).
@@ -126,14 +126,13 @@ class FakeEnvironment(ExecStreamEnvironment):
         merged.setdefault("HOME", self.root)
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
-            process = await anyio.open_process(
+            handle = await open_supervised(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 cwd=cwd or self.root,
                 env=merged,
-                start_new_session=True,
             )
         except OSError as exc:
             stderr.close()
@@ -141,7 +140,7 @@ class FakeEnvironment(ExecStreamEnvironment):
         except BaseException:
             stderr.close()
             raise
-        stream = LocalExecStream(process, stderr)
+        stream = LocalExecStream(handle, stderr)
         if not stdin:
             await stream.send_eof()
         return stream

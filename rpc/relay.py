@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -214,10 +214,12 @@ class RelaySession:
     Use as::
 
         async with RelaySession(channel, server) as session:   # serves the channel
-            await session.start(argv, env=..., cwd=..., socket_path=..., marker=...)
+            await session.start(argv, env=..., cwd=..., socket_path=...)
             ... read session.stdout / session.stderr, await session.wait() ...
 
     Leaving the context kills whatever still runs and closes the channel.
+    ``kill_relay_tree`` is called with the relay's pid when the relay does not answer a
+    kill (a script stopped it): it must kill the relay and everything below it.
     """
 
     def __init__(
@@ -226,8 +228,11 @@ class RelaySession:
         server: RPCServer,
         *,
         max_frame_size: int = CHANNEL_FRAME_LIMIT,
+        kill_relay_tree: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self._channel = channel
+        self._kill_relay_tree = kill_relay_tree
+        self.relay_pid: int | None = None
         self._server = server
         self._max_frame_size = max_frame_size  # of the channel's frames from the relay
         self._writer = _ChannelWriter(channel)
@@ -287,7 +292,6 @@ class RelaySession:
         env: Mapping[str, str],
         cwd: str | None,
         socket_path: str | None,
-        marker: str | None = None,
     ) -> None:
         """Ask the relay to start the script; raise RelayError if it cannot."""
         self._writer.put(
@@ -297,7 +301,6 @@ class RelaySession:
                 "env": dict(env),
                 "cwd": cwd,
                 "socket": socket_path,
-                "marker": marker,
             }
         )
         with anyio.fail_after(30):
@@ -315,8 +318,9 @@ class RelaySession:
 
         The kill is written before anything else queued. If it cannot be written within
         :data:`KILL_DEADLINE` (the relay stopped reading), or the relay does not report
-        the exit in time, the channel is closed: the relay then kills everything when
-        its input ends, and the backend closes what is left (process, channel, container).
+        the exit within ``grace`` + :data:`KILL_DEADLINE`, the relay is killed with its
+        tree (``kill_relay_tree``) and the channel is closed: a relay that still runs
+        kills everything when its input ends, and the backend closes what is left.
         """
         if self._exited.is_set():
             return
@@ -328,11 +332,13 @@ class RelaySession:
         with anyio.move_on_after(KILL_DEADLINE):
             await written.wait()
         if written.is_set():
-            with anyio.move_on_after(grace + 10):
+            with anyio.move_on_after(grace + KILL_DEADLINE):
                 await self._exited.wait()
         if not self._exited.is_set():
             self._mark_exit(-9, "the relay did not report the script's exit after a kill")
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                if self._kill_relay_tree is not None and self.relay_pid is not None:
+                    await self._kill_relay_tree(self.relay_pid)
                 await self._channel.aclose()
 
     async def aclose(self) -> None:
@@ -384,6 +390,7 @@ class RelaySession:
                         connection.forget()
                 elif op == "started":
                     self.pid = int(message.get("pid", 0)) or None
+                    self.relay_pid = int(message.get("relay_pid", 0)) or None
                     self._started.set()
                 elif op == "exit":
                     self._mark_exit(int(message.get("code", 1)))

@@ -411,7 +411,6 @@ async def run_in_stage(
             argv=[runtime.python, posixpath.join(stage.path, SCRIPT_NAME)],
             env=child_env,
             cwd=cwd,
-            marker=secrets.token_hex(12),
         )
         launch = TRANSPORTS[stage.transport](runtime, server, script)
         try:

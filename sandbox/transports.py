@@ -44,13 +44,12 @@ FILES_DIR_PREFIX = "rpc-"
 @dataclass(frozen=True, slots=True)
 class Script:
     """What to start: the staged script's command line, its environment and working
-    directory, the stage it lives in, and the marker its processes carry."""
+    directory, and the stage it lives in."""
 
     stage: str
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None
-    marker: str
 
     def with_env(self, **extra: str) -> Script:
         return dataclasses.replace(self, env={**self.env, **extra})
@@ -73,20 +72,23 @@ async def _under_relay(
     listens there and carries the script's calls to ``server`` too."""
     # In the script's working directory: where the relay is contained (local under
     # bwrap), that directory is what the script may write.
+    # The relay removes the stage when its input ends (this host process is gone).
     channel = await environment.open_exec_stream(
-        [environment.python, posixpath.join(script.stage, RELAY_MODULE)],
+        [environment.python, posixpath.join(script.stage, RELAY_MODULE), "--remove", script.stage],
         env={"PYTHONPATH": script.stage, "PYTHONDONTWRITEBYTECODE": "1"},
         cwd=script.cwd,
+        stage=script.stage,
     )
     failure: TransportUnavailable | None = None
-    async with RelaySession(channel, server) as session:
+    async with RelaySession(
+        channel, server, kill_relay_tree=environment.kill_process_tree
+    ) as session:
         try:
             await session.start(
                 script.argv,
                 env=script.env,
                 cwd=script.cwd,
                 socket_path=socket_path,
-                marker=script.marker,
             )
         except RelayError as exc:
             details = channel.stderr_tail.decode("utf-8", "replace").strip()
@@ -105,7 +107,9 @@ async def _started(environment: Runtime, server: RPCServer, script: Script) -> A
     """The script, started natively where the environment can, else by the relay
     (which then only starts and watches it: the calls take the other way)."""
     if environment.can_spawn:
-        process = await environment.spawn(script.argv, env=script.env, cwd=script.cwd)
+        process = await environment.spawn(
+            script.argv, env=script.env, cwd=script.cwd, stage=script.stage
+        )
         try:
             yield process
         finally:

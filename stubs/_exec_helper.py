@@ -6,10 +6,15 @@ tempfile); Python 3.6+. Data goes to stdout. A failed file operation is one line
 stderr: ``HERMES-SANDBOX-ERROR``, then the errno name, the message and the file name,
 each hex-encoded UTF-8, joined by tabs (the host raises the same OSError).
 
+The host runs it with stubs/_proctree.py's source before this one (HELPER_SOURCE).
+
 Verbs: ``run TOKEN GRACE CWD COMMAND`` (``/bin/sh -c COMMAND`` in a new session with
-``HERMES_SANDBOX_EXEC=TOKEN`` in its environment, stdout and stderr combined; what it
-leaves running is killed when it exits), ``kill TOKEN GRACE`` (every process with that
-marker, and their sessions), ``stat PATH``, ``read PATH MAX``, ``write PATH PARENTS
+``HERMES_SANDBOX_EXEC=TOKEN`` in its environment, stdout and stderr combined, under
+this process as a child subreaper: what it leaves running is killed when it exits),
+``killrun TOKEN GRACE`` (the ``run`` of that token and everything below it),
+``killtree PID GRACE`` (a process and everything below it), ``kill TOKEN GRACE`` (every
+process with the marker, and their sessions: for the Modal backend's own execs),
+``stat PATH``, ``read PATH MAX``, ``write PATH PARENTS
 MODE`` (data on stdin), ``mkdtemp PREFIX PARENT`` (prints the new directory and the
 user's home), ``rmtree PATH``.
 """
@@ -20,6 +25,9 @@ import signal
 import stat
 import sys
 import time
+
+if "kill_tree" not in globals():  # run alone: the host prepends _proctree.py's source
+    from _proctree import alive, become_subreaper, kill_tree, signal_all
 
 MARK = "HERMES_SANDBOX_EXEC"
 
@@ -46,14 +54,6 @@ def others():
             yield int(name)
 
 
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
 def members(entry, own_sid):
     # The command's processes: those carrying the marker, and every process in a
     # session one of them is in (a child may have scrubbed its environment).
@@ -77,21 +77,13 @@ def members(entry, own_sid):
     return set(pid for pid in found if alive(pid))
 
 
-def send(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
 def sweep(token, grace):
     entry = (MARK + "=" + token).encode()
     own = os.getsid(0)
     targets = members(entry, own)
     if targets and grace > 0:
-        send(targets, signal.SIGTERM)
-        send(targets, signal.SIGCONT)
+        signal_all(targets, signal.SIGTERM)
+        signal_all(targets, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(alive(p) for p in targets):
             time.sleep(0.01)
@@ -99,7 +91,7 @@ def sweep(token, grace):
         targets = members(entry, own)
         if not targets:
             return
-        send(targets, signal.SIGKILL)
+        signal_all(targets, signal.SIGKILL)
         time.sleep(0.005)
 
 
@@ -111,6 +103,7 @@ def run(token, grace, cwd, command):
             fail(exc)
     env = dict(os.environ)
     env[MARK] = token
+    become_subreaper()  # the command's orphans stay below us, however they daemonise
     pid = os.fork()
     if pid == 0:
         try:
@@ -122,8 +115,34 @@ def run(token, grace, cwd, command):
         os._exit(127)
     status = os.waitpid(pid, 0)[1]
     code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    sweep(token, grace)  # what the command left in the background
+    kill_tree(os.getpid(), grace, reap_children=True)  # what the command left in the background
     sys.exit(code)
+
+
+def runs_of(token):
+    """The ``run`` helpers started with ``token`` (found by their command line)."""
+    needle = b"\0run\0" + token.encode() + b"\0"
+    found = set()
+    for pid in others():
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if needle in f.read():
+                    found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def kill_run(token, grace):
+    """Kill what a ``run`` started; it then exits by itself, or (stopped) is killed."""
+    roots = runs_of(token)
+    for root in roots:
+        kill_tree(root, grace)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(alive(p) for p in roots):
+        time.sleep(0.01)
+    for root in roots:
+        kill_tree(root, 0, include_root=True)
 
 
 def kind_of(mode):
@@ -183,6 +202,10 @@ def main(verb, args):
         return run(args[0], float(args[1]), args[2], args[3])
     if verb == "kill":
         return sweep(args[0], float(args[1]))
+    if verb == "killrun":
+        return kill_run(args[0], float(args[1]))
+    if verb == "killtree":
+        return kill_tree(int(args[0]), float(args[1]), include_root=True)
     out = sys.stdout.buffer
     try:
         if verb == "stat":

@@ -9,7 +9,11 @@ listens on inside the sandbox, so the same hermes_tools client works unchanged.
 Channel messages are frames (4-byte big-endian length, one msgpack map), as in
 docs/protocol.md section "Stream relay". Host to relay: run, rpc, close, kill.
 Relay to host: started, open, rpc, eof, close, out, exit, error. End of input from the
-host means it is gone: the relay kills everything it started and exits.
+host means it is gone: the relay kills everything it started, removes the run's stage
+(``--remove STAGE``) and exits. It is a child subreaper: whatever the script starts
+stays below it however it daemonises, and is found by /proc ancestry (the host
+prepends stubs/_proctree.py's source to this one). It reports its own pid, so that the
+host can kill it with its tree through another exec if the script stops it.
 
 The relay never blocks on a script's connection: each one's output is a bounded
 buffer written as the socket accepts it, and a connection that stops reading (its
@@ -18,12 +22,16 @@ buffer over the bound) is dropped, so the host's kill always gets through.
 
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
+
+if "kill_tree" not in globals():  # run alone: the host prepends _proctree.py's source
+    from _proctree import become_subreaper, kill_tree, reap
 
 try:
     import msgpack as _mp
@@ -62,14 +70,13 @@ class _Conn(object):
 
 
 class Relay(object):
-    def __init__(self, channel_in, channel_out):
+    def __init__(self, channel_in, channel_out, stage=None):
+        self.stage = stage
         self.cin = channel_in
         self.cout = channel_out
         self.sel = selectors.DefaultSelector()
         self.inbuf = bytearray()
         self.child = None
-        self.sid = None
-        self.marker = None
         self.listener = None
         self.socket_path = None
         self.conns = {}
@@ -178,15 +185,12 @@ class Relay(object):
             self.send({"op": "error", "message": "already running"})
             return
         # The script starts from the sandbox's own environment (the image's PATH, the
-        # login's HOME, the backend's markers), less what was set for the relay
-        # itself, plus the run's variables.
+        # login's HOME), less what was set for the relay itself, plus the run's
+        # variables.
         env = dict(os.environ)
         for name in _RELAY_ONLY_VARS:
             env.pop(name, None)
         env.update(message.get("env") or {})
-        self.marker = message.get("marker")
-        if self.marker:
-            env["HERMES_SANDBOX_RUN"] = self.marker
         self.socket_path = message.get("socket")
         try:
             if self.socket_path:
@@ -211,13 +215,12 @@ class Relay(object):
             self.send({"op": "exit", "code": 127})
             self.shutdown()
             return
-        self.sid = self.child.pid
         for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)
             if not self.paused:
                 self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
-        self.send({"op": "started", "pid": self.child.pid})
+        self.send({"op": "started", "pid": self.child.pid, "relay_pid": os.getpid()})
 
     def read_output(self, fd):
         fd_number, pipe = self.pipes[fd]
@@ -249,7 +252,7 @@ class Relay(object):
     def finish(self):
         """The script exited: remove what it left, drain its output, report."""
         self.flush_channel_blocking()  # from here on the channel is written blocking
-        self.kill_tree(2.0)
+        self.end_tree(2.0)
         deadline = time.monotonic() + _DRAIN_SECONDS
         while self.pipes and time.monotonic() < deadline:
             for key, _ in self.sel.select(timeout=0.05):
@@ -348,102 +351,30 @@ class Relay(object):
             self.send({"op": "close", "conn": conn_id})
 
     # -- killing -----------------------------------------------------------------------
-    def members(self):
-        """Processes of the script: its session, and any carrying the run marker."""
-        found = set()
-        me = os.getpid()
-        marker = ("HERMES_SANDBOX_RUN=%s" % self.marker).encode() if self.marker else None
-        try:
-            names = os.listdir("/proc")
-        except OSError:
-            names = []
-        for name in names:
-            if not name.isdigit() or int(name) == me:
-                continue
-            pid = int(name)
-            try:
-                if self.sid is not None and os.getsid(pid) == self.sid:
-                    found.add(pid)
-                    continue
-            except OSError:
-                continue
-            if marker is not None:
-                try:
-                    with open("/proc/%d/environ" % pid, "rb") as f:
-                        if marker in f.read().split(b"\0"):
-                            found.add(pid)
-                except OSError:
-                    pass
-        return found
-
-    @staticmethod
-    def alive(pid):
-        try:
-            with open("/proc/%d/stat" % pid, "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-            return state not in (b"Z", b"X")
-        except (OSError, IndexError):
-            return False
-
-    @staticmethod
-    def signal_all(pids, sig):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-
-    def freeze(self, frozen):
-        for _ in range(20):
-            new = self.members() - frozen
-            if not new:
-                break
-            self.signal_all(new, signal.SIGSTOP)
-            frozen |= new
-        return frozen
-
-    def kill_tree(self, grace):
-        targets = self.freeze(set())
-        if not targets:
-            return
-        if grace > 0:
-            self.signal_all(targets, signal.SIGTERM)
-            self.signal_all(targets, signal.SIGCONT)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(self.alive(p) for p in targets):
-                self.reap()
-                time.sleep(0.01)
-        targets = self.freeze(set(p for p in targets if self.alive(p)))
-        self.signal_all(targets, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(self.alive(p) for p in targets):
-            self.reap()
-            time.sleep(0.005)
+    def end_tree(self, grace):
+        """Kill everything below the relay: the script and all it started."""
+        kill_tree(os.getpid(), grace)
         self.reap()
 
     def reap(self):
-        # The relay may be pid 1 of its namespace or the parent of orphans: reap them.
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if self.child is not None and pid == self.child.pid and self.exit_code is None:
-                self.child.returncode = (
-                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                )
+        # The relay is the parent of orphans (a subreaper), maybe pid 1: reap them all.
+        status = reap(None if self.child is None else self.child.pid)
+        if status is not None and self.exit_code is None:
+            self.child.returncode = (
+                -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            )
 
     def kill_all(self, grace):
         if self.killing:
             return
         self.killing = True
-        self.kill_tree(grace)
+        self.end_tree(grace)
 
     def host_gone(self):
-        self.kill_tree(0)
+        self.end_tree(0)
         self.shutdown()
+        if self.stage:
+            shutil.rmtree(self.stage, ignore_errors=True)
         os._exit(0)
 
     def fatal(self, message):
@@ -451,7 +382,7 @@ class Relay(object):
             self.send({"op": "error", "message": message})
             self.flush_channel_blocking()
         finally:
-            self.kill_tree(0)
+            self.end_tree(0)
             self.shutdown()
             os._exit(2)
 
@@ -470,6 +401,7 @@ class Relay(object):
     # -- main loop ---------------------------------------------------------------------
     def run(self):
         self.done = False
+        become_subreaper()
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.sigchld_w)
         os.set_blocking(self.cin, False)
@@ -495,6 +427,7 @@ class Relay(object):
                         os.read(self.sigchld_r, 4096)
                     except OSError:
                         pass
+                    self.reap()  # the script, or an orphan reparented here
                 if self.done:
                     break
             if not self.done and self.child_exited():
@@ -510,7 +443,9 @@ def main():
     os.dup2(devnull, 1)
     os.close(devnull)
     sys.stdout = sys.stderr
-    Relay(0, channel_out).run()
+    args = sys.argv[1:]
+    stage = args[1] if args[:1] == ["--remove"] and len(args) > 1 else None
+    Relay(0, channel_out, stage).run()
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def codec_source() -> str:
 
 @functools.cache
 def relay_source() -> str:
-    return program_source("_relay.py")
+    """The relay program, with the process-tree code it shares prepended."""
+    return program_source("_proctree.py") + "\n" + program_source("_relay.py")
 
 
 def _docstring(text: str, indent: str = "    ") -> str:

@@ -3,10 +3,11 @@
 - ``run``: run a script with :func:`sandbox.execute_code`, a short timeout and a private
   spill directory by default.
 - ``no_leftover_processes`` (automatic): after each test, fail it if any process started
-  by the test still carries the local backend's marker variable, then kill them so the
-  next test starts clean. Other suites may run sandboxes on this machine at the same
-  time, so a test tags its own: it sets ``TAG_VAR`` to a fresh value in os.environ, a
-  name the scrubber lets through, and only marked processes with that tag count.
+  by the test still runs, then kill them so the next test starts clean. Other suites
+  may run sandboxes on this machine at the same time, so a test tags its own: it sets
+  ``TAG_VAR`` to a fresh value in os.environ, a name the scrubber lets through, and only
+  processes with that tag in their environment count (a test's own helper processes
+  are started without it).
 - ``gone``, ``assert_gone``, ``wait_for_pids`` and ``sandbox_processes``: by-pid checks
   of the processes a script started.
 - ``tool_env``, ``workspace`` and ``tool_ctx`` (from tests/toolcalls.py): a tool's
@@ -41,7 +42,6 @@ import hermes_sandbox.environments.docker.environment as docker_backend
 import hermes_sandbox.environments.docker.settings as docker_settings
 from hermes_sandbox import ExecutionResult, execute_code
 from hermes_sandbox.environments.isolation import ISOLATION_VARIABLE, probe_bwrap
-from hermes_sandbox.environments.local import MARKER_VAR
 
 try:
     import docker
@@ -64,9 +64,8 @@ LEFTOVER_GRACE = 1.0
 
 
 def marked_processes(tag: str | None = None) -> set[int]:
-    """Live processes whose environment carries the local backend's marker and this
-    test's tag (default: the one in os.environ)."""
-    prefix = MARKER_VAR.encode() + b"="
+    """Live processes (other than this one) whose environment carries this test's tag
+    (default: the one in os.environ)."""
     tag_entry = f"{TAG_VAR}={tag or os.environ.get(TAG_VAR, '')}".encode()
     found = set()
     for name in os.listdir("/proc"):
@@ -77,7 +76,7 @@ def marked_processes(tag: str | None = None) -> set[int]:
                 entries = f.read().split(b"\0")
         except OSError:
             continue  # gone meanwhile, or not ours to read
-        if tag_entry not in entries or not any(e.startswith(prefix) for e in entries):
+        if tag_entry not in entries or int(name) == os.getpid():
             continue
         if not is_gone(int(name)):
             found.add(int(name))

@@ -158,11 +158,20 @@ def _sweep_shared_dirs(in_use: set[str], engine: str) -> list[str]:
     return removed
 
 
-def _remove_shared_dir(labels: Mapping[str, str]) -> None:
-    """Remove the shared directory made for a container (not a caller's own)."""
+def _made_shared_dir(labels: Mapping[str, str]) -> str | None:
+    """The directory made to share with a container (to remove with it), if any: a
+    caller's own shared directory is never removed."""
     path = labels.get(LABEL_SHARED)
     if path and labels.get(LABEL_SHARED_MADE) == "1":
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        return os.path.dirname(path)
+    return None
+
+
+def _remove_shared_dir(labels: Mapping[str, str]) -> None:
+    """Remove the shared directory made for a container (not a caller's own)."""
+    made = _made_shared_dir(labels)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def _reap(client: Any, engine: str) -> list[str]:

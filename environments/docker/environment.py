@@ -33,11 +33,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import secrets
 import socket
 import ssl
+import subprocess
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from typing import Any, ClassVar
 
 import anyio
@@ -61,6 +65,7 @@ from hermes_sandbox.environments.docker.engine import (  # noqa: F401 - also for
     _connect,
     _engine_message,
     _exec_socket_stream,
+    _made_shared_dir,
     _make_shared_dir,
     _reap,
     _remove_shared_dir,
@@ -79,6 +84,7 @@ from hermes_sandbox.environments.docker.settings import (
 from hermes_sandbox.environments.docker.stream import DockerExecStream, ThreadedSocketStream
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+from hermes_sandbox.threads import kill_limiter
 
 try:
     import docker
@@ -89,6 +95,15 @@ except ImportError:  # reported by DockerEnvironment.start, so DockerSettings wo
     docker = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
+
+JANITOR_PATH = str(resources.files(__package__).joinpath("janitor.py"))
+
+
+def _janitor_env() -> dict[str, str]:
+    """What the janitor's docker client reads (the engine's TLS settings, ~/.docker),
+    and nothing else of this process's environment."""
+    keep = ("HOME", "PATH", "SSL_CERT_FILE", "SSL_CERT_DIR")
+    return {k: v for k, v in os.environ.items() if k.startswith("DOCKER_") or k in keep}
 
 
 class DockerEnvironment(ExecStreamEnvironment):
@@ -117,6 +132,7 @@ class DockerEnvironment(ExecStreamEnvironment):
         self.reused = False  # start() attached to a container that was already running
         self._labels: dict[str, str] = {}  # the container's own labels
         self.threaded_io = False  # use threads for exec sockets even where not needed
+        self._janitor: subprocess.Popen[bytes] | None = None
 
     @property
     def default_cwd(self) -> str:
@@ -241,6 +257,40 @@ class DockerEnvironment(ExecStreamEnvironment):
         self.container_name = name
         with _SHARED_LOCK:
             _SHARED[self.container_id] = 1
+        if not config.persist:
+            self._start_janitor()
+
+    def _start_janitor(self) -> None:
+        """A host process that removes the container and its shared directory if this
+        process dies first (environments/docker/janitor.py)."""
+        assert self.container_id is not None
+        argv = [sys.executable, "-E", "-s", JANITOR_PATH]
+        argv += [engine_address(self.settings.docker_host), self.container_id]
+        argv += [_made_shared_dir(self._labels) or ""]
+        try:
+            self._janitor = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                env=_janitor_env(),
+            )
+        except OSError as exc:  # the reaper of a later run takes what is left
+            log.warning("could not start the container's janitor: %s", exc)
+
+    async def _dismiss_janitor(self, done: bool) -> None:
+        """End the janitor: ``done`` (the container is gone) or not (it retries)."""
+        janitor, self._janitor = self._janitor, None
+        if janitor is None or janitor.stdin is None:
+            return
+        try:
+            if done:
+                janitor.stdin.write(b"done")
+            janitor.stdin.close()
+        except OSError:
+            pass
+        await anyio.to_thread.run_sync(janitor.wait, limiter=kill_limiter())
 
     def _claim(self, entry: Mapping[str, Any], image_id: str) -> bool:
         """Whether a container found for the task may be used: it runs our image, and
@@ -323,9 +373,11 @@ class DockerEnvironment(ExecStreamEnvironment):
                     log.warning(
                         "could not remove container %s: %s", container_id, _engine_message(exc)
                     )
+                    await self._dismiss_janitor(done=False)  # it tries again, alone
                     return
                 await anyio.to_thread.run_sync(_remove_shared_dir, self._labels)
         finally:
+            await self._dismiss_janitor(done=True)
             await anyio.to_thread.run_sync(client.close)
 
     def _release_share(self, container_id: str) -> bool:
@@ -346,6 +398,7 @@ class DockerEnvironment(ExecStreamEnvironment):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        stage: str | None = None,
     ) -> DockerExecStream:
         """Start ``argv`` in the container with stdin and stdout as one stream.
 

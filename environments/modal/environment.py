@@ -459,6 +459,7 @@ class ModalEnvironment(ExecStreamEnvironment):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        stage: str | None = None,
     ) -> ModalExecStream:
         """Start ``argv`` in the sandbox, stdin and stdout as the stream (the relay's
         channel). If its output ends because the sandbox stopped, the stream's

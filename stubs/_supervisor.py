@@ -1,0 +1,159 @@
+"""The supervisor: every local launch runs under it, and what it launched dies with it.
+
+Stdlib only, Python 3.6+, Linux; run by the host's Python as ``python -E -s
+_supervisor.py --lifeline FD --parent PID [--remove DIR] -- ARGV...``. It
+
+- is a child subreaper, so whatever ARGV starts (daemons that double-fork, leave the
+  session or clear their environment) stays below it;
+- starts ARGV with its own stdin, stdout and stderr;
+- ends everything below it (found by /proc ancestry, stopped processes included) when
+  ARGV exits, when the runner is gone (end of input on the lifeline pipe FD, whose other
+  end only the runner holds; a parent-death signal; or a parent pid that is no longer
+  PID), or on SIGTERM; then, if the runner is gone, removes DIR (the run's stage);
+- exits with ARGV's status (killed by a signal: by the same signal).
+
+The host kills the tree itself too (environments/local.py), so a supervisor that the
+script stops with SIGSTOP cannot keep its processes alive while the runner lives.
+"""
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+
+if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
+    from _proctree import become_subreaper, die_with_parent, kill_tree, reap
+
+
+def _parse(args):
+    options = {"lifeline": None, "parent": None, "remove": None}
+    while args and args[0] != "--":
+        name = args.pop(0).lstrip("-")
+        if name not in options or not args:
+            raise SystemExit("_supervisor.py: bad option --%s" % name)
+        options[name] = args.pop(0)
+    if not args[1:]:
+        raise SystemExit("_supervisor.py: nothing to run (ARGV after --)")
+    return options, args[1:]
+
+
+class Supervisor(object):
+    def __init__(self, argv, lifeline, parent, remove):
+        self.argv = argv
+        self.lifeline = lifeline
+        self.parent = parent
+        self.remove = remove
+        self.child = None
+        self.status = None
+        self.runner_gone = False
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+
+    def on_signal(self, number, _frame):
+        if number in (signal.SIGHUP, signal.SIGTERM):
+            self.runner_gone = self.runner_gone or number == signal.SIGHUP
+            self.stop_requested = True
+
+    def reap(self):
+        if self.child is None:
+            return
+        status = reap(self.child.pid)
+        if status is not None:
+            self.status = status
+            self.child.returncode = 0  # reaped here: Popen must not wait for it
+
+    def run(self):
+        self.stop_requested = False
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGHUP, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's
+        signal.set_wakeup_fd(self.wake_w)
+        become_subreaper()
+        die_with_parent(signal.SIGHUP)
+        if self.parent is not None and os.getppid() != self.parent:
+            self.runner_gone = True  # it died before the parent-death signal was set
+            return self.finish()
+        try:
+            self.child = subprocess.Popen(
+                self.argv, restore_signals=True, preexec_fn=_default_signals
+            )
+        except OSError as exc:
+            os.write(2, ("cannot run %s: %s\n" % (self.argv[0], exc)).encode())
+            self.finish()
+            return 127
+        # The child has stdin and stdout now; the supervisor keeps neither open.
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        selector = selectors.DefaultSelector()
+        selector.register(self.wake_r, selectors.EVENT_READ)
+        if self.lifeline is not None:
+            selector.register(self.lifeline, selectors.EVENT_READ)
+        while self.status is None and not self.stop_requested:
+            for key, _ in selector.select(timeout=0.5):
+                try:
+                    data = os.read(key.fd, 4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if key.fd == self.lifeline and not data:
+                    self.runner_gone = True
+                    self.stop_requested = True
+            if self.parent is not None and os.getppid() != self.parent:
+                self.runner_gone = True
+                self.stop_requested = True
+            self.reap()
+        return self.finish()
+
+    def finish(self):
+        """Kill everything below; remove the stage if the runner is gone; return the
+        child's exit status as a wait status (None: it did not exit by itself)."""
+        kill_tree(os.getpid(), 0, reap_children=True)
+        self.reap()
+        if self.runner_gone and self.remove:
+            shutil.rmtree(self.remove, ignore_errors=True)
+        return self.status
+
+
+def _default_signals():
+    for number in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        signal.signal(number, signal.SIG_DFL)
+
+
+def _exit_like(status):
+    if status is None:
+        os._exit(1)
+    if isinstance(status, int) and status == 127:
+        os._exit(127)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        except (ImportError, ValueError, OSError):
+            pass
+        signal.signal(number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
+        os.kill(os.getpid(), number)
+        os._exit(128 + number)
+    os._exit(os.WEXITSTATUS(status))
+
+
+def main(args):
+    options, argv = _parse(list(args))
+    lifeline = None if options["lifeline"] is None else int(options["lifeline"])
+    parent = None if options["parent"] is None else int(options["parent"])
+    if lifeline is not None:
+        os.set_blocking(lifeline, False)
+    _exit_like(Supervisor(argv, lifeline, parent, options["remove"]).run())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
