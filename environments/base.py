@@ -165,9 +165,15 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        stdin_path: str | None = None,
     ) -> SandboxProcess:
-        """Start ``argv`` with exactly ``env`` as its environment, stdin closed."""
+        """Start ``argv`` with exactly ``env`` as its environment; its stdin reads the
+        file ``stdin_path`` (a path here), else is closed (``/dev/null``)."""
 
     @abc.abstractmethod
     async def open_exec_stream(

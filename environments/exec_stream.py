@@ -213,7 +213,12 @@ class ExecStreamEnvironment(Environment, Runtime):
         return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True)
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        stdin_path: str | None = None,
     ) -> SandboxProcess:
         raise SpawnNotAvailable(
             f"the {self.name} backend starts scripts through the relay; use open_exec_stream"

@@ -146,17 +146,28 @@ class LocalEnvironment(Environment, Runtime):
         return merged
 
     async def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin_path: str | None = None,
     ) -> LocalProcess:
-        process = await anyio.open_process(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=self._child_env(env),
-            start_new_session=True,
-        )
+        # A local file: opening it does not wait.
+        stdin = open(stdin_path, "rb") if stdin_path else None  # noqa: SIM115, ASYNC230
+        try:
+            process = await anyio.open_process(
+                list(argv),
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=self._child_env(env),
+                start_new_session=True,
+            )
+        finally:
+            if stdin is not None:
+                stdin.close()  # the child has its own copy
         return LocalProcess(process, self._marker_entry)
 
     async def open_exec_stream(

@@ -285,8 +285,10 @@ class RelaySession:
         cwd: str | None,
         socket_path: str | None,
         marker: str | None = None,
+        stdin_path: str | None = None,
     ) -> None:
-        """Ask the relay to start the script; raise RelayError if it cannot."""
+        """Ask the relay to start the script, its stdin read from ``stdin_path`` (a
+        file in the sandbox) or closed; raise RelayError if it cannot."""
         self._writer.put(
             {
                 "op": "run",
@@ -295,6 +297,7 @@ class RelaySession:
                 "cwd": cwd,
                 "socket": socket_path,
                 "marker": marker,
+                "stdin": stdin_path,
             }
         )
         with anyio.fail_after(30):

@@ -7,10 +7,12 @@ stubs/ is what the script imports.
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import posixpath
 import secrets
+import shlex
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -38,6 +40,7 @@ from hermes_sandbox.output import (
     MAX_STDOUT_BYTES,
     CappedOutput,
     default_spill_dir,
+    spill_notice,
 )
 from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
@@ -60,7 +63,12 @@ from hermes_sandbox.transports import (
 log = logging.getLogger(__name__)
 
 SCRIPT_NAME = "script.py"
+STDIN_NAME = "stdin"
 DRAIN_SECONDS = 2.0
+# The modules beside a script that it imports are copied with it into a sandbox that
+# does not see this host's files: at most this many, this many bytes in all, else none.
+MAX_SIBLING_FILES = 64
+MAX_SIBLING_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,12 @@ class RunOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
     transport: str = "auto"  # "auto", "unix", "relay" or "files" (sandbox/transports.py)
+    # The script as a program: the host file the code was read from (its name, and on a
+    # backend that shares this host the file itself, run in place), sys.argv[1:], and
+    # the bytes its stdin reads (None: nothing, /dev/null).
+    script_path: str | None = None
+    argv: Sequence[str] = ()
+    stdin: bytes | None = None
     # Fields of the backend's settings (image, limits, mounts... for docker), as plain data.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
@@ -135,6 +149,12 @@ class RunOptions:
         if self.workspace_root is not None:
             root = os.path.abspath(os.path.expanduser(self.workspace_root))
             checked = replace(checked, workspace_root=root)
+        if self.script_path is not None:
+            checked = replace(checked, script_path=os.path.abspath(self.script_path))
+        if isinstance(self.argv, str) or not all(isinstance(a, str) for a in self.argv):
+            raise RunError(f"argv must be a list of strings, got {self.argv!r}")
+        if self.stdin is not None and not isinstance(self.stdin, bytes):
+            raise RunError(f"stdin must be bytes or None, got {type(self.stdin).__name__}")
         return checked
 
 
@@ -253,11 +273,94 @@ async def _remove_stage(runtime: Runtime, stage: str) -> str | None:
     return None
 
 
-async def _stage(runtime: Runtime, stage: str, code: str, files: Mapping[str, str]) -> None:
-    """Write the script and the runtime's files into the stage directory."""
-    await runtime.write_bytes(posixpath.join(stage, SCRIPT_NAME), code.encode("utf-8"), mode=0o600)
+def _modules_beside(script_path: str | None) -> set[str]:
+    """The names a script could import from its own directory on this host."""
+    if script_path is None:
+        return set()
+    try:
+        entries = list(os.scandir(os.path.dirname(script_path)))
+    except OSError:
+        return set()
+    names = set()
+    for entry in entries:
+        stem, ext = os.path.splitext(entry.name)
+        if ext == ".py" or (not ext and entry.is_dir()):
+            names.add(stem)
+    return names
+
+
+def _imported_modules(source: str | bytes) -> set[str]:
+    """The top-level modules that ``source`` imports by name (absolute imports; what a
+    syntax error hides is not looked for)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _siblings(script_path: str, code: str, reserved: set[str]) -> dict[str, bytes]:
+    """The modules beside ``script_path`` that the script imports, and those they
+    import, as single .py files (not packages) to copy with it, by file name; none when
+    they are more or bigger than the limits."""
+    directory = os.path.dirname(script_path)
+    found: dict[str, bytes] = {}
+    total = 0
+    wanted = list(_imported_modules(code))
+    while wanted:
+        name = wanted.pop() + ".py"
+        path = os.path.join(directory, name)
+        if name in found or name in reserved or path == script_path:
+            continue
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_SIBLING_BYTES + 1)
+        except OSError:  # not beside the script: the stdlib, an installed package
+            continue
+        total += len(data)
+        if len(found) >= MAX_SIBLING_FILES or total > MAX_SIBLING_BYTES:
+            log.info("not copying the modules beside %s: more than the limits", script_path)
+            return {}
+        found[name] = data
+        wanted.extend(_imported_modules(data))
+    return found
+
+
+async def _stage(
+    runtime: Runtime, stage: str, code: str | None, files: Mapping[str, str], options: RunOptions
+) -> tuple[list[str], str | None]:
+    """Write the runtime's files into the stage directory, and the script (with the .py
+    files beside it, under their own names) unless it runs in place (``code`` None);
+    the script's command line after the interpreter, and its stdin file."""
     for name, text in files.items():
         await runtime.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
+    stdin_path = None
+    if options.stdin is not None:
+        stdin_path = posixpath.join(stage, STDIN_NAME)
+        await runtime.write_bytes(stdin_path, options.stdin, mode=0o600)
+    if code is None:
+        assert options.script_path is not None
+        return [options.script_path, *options.argv], stdin_path
+    reserved = {*files, STDIN_NAME}
+    name = SCRIPT_NAME
+    if options.script_path is not None:
+        name = os.path.basename(options.script_path)
+        if name in reserved or not name:
+            name = SCRIPT_NAME
+        siblings = _siblings(options.script_path, code, {*reserved, name})
+        for sibling, data in siblings.items():
+            await runtime.write_bytes(posixpath.join(stage, sibling), data, mode=0o600)
+        if siblings:
+            log.info("copied the modules beside the script: %s", ", ".join(sorted(siblings)))
+    path = posixpath.join(stage, name)
+    await runtime.write_bytes(path, code.encode("utf-8"), mode=0o600)
+    return [path, *options.argv], stdin_path
 
 
 def _make_environment(
@@ -325,20 +428,30 @@ async def run_code(
         check_transport(options.transport)
     except TransportUnavailable as exc:
         raise RunError(str(exc)) from None
+    # On a backend that shares this host the script's own file runs, in its directory.
+    in_place = options.script_path is not None and type(environment).shares_host
     try:
+        log.info("starting the %s backend", options.backend_name)
+        clock = time.monotonic()
         runtime = await environment.start()
+        log.info("the %s backend started in %.2fs", options.backend_name, _since(clock))
         try:
             try:
                 transport = choose_transport(options.transport, runtime)
             except TransportUnavailable as exc:
                 raise RunError(str(exc)) from None
+            log.info("tool calls take the %s transport", transport)
             parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
             stage = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
             cwd = options.cwd or runtime.default_cwd
             try:
                 if needs_relay(transport, runtime):
                     files = {**files, RELAY_MODULE: relay_source()}
-                await _stage(runtime, stage, code, files)
+                clock = time.monotonic()
+                script_argv, stdin_path = await _stage(
+                    runtime, stage, None if in_place else code, files, options
+                )
+                log.info("staged the run in %s in %.2fs", stage, _since(clock))
                 context = ToolContext(
                     task_id=options.task_id or uuid.uuid4().hex,
                     environment=runtime,
@@ -358,11 +471,14 @@ async def run_code(
                 }
                 script = Script(
                     stage=stage,
-                    argv=[runtime.python, posixpath.join(stage, SCRIPT_NAME)],
+                    argv=[runtime.python, *script_argv],
                     env=child_env,
                     cwd=cwd,
                     marker=marker,
+                    stdin_path=stdin_path,
                 )
+                log.info("running %s in %s", shlex.join(script.argv), cwd or "the default cwd")
+                clock = time.monotonic()
                 launch = TRANSPORTS[transport](runtime, server, script)
                 try:
                     async with launch as process:
@@ -375,6 +491,7 @@ async def run_code(
                             interrupt=interrupt,
                         )
                         lost = getattr(process, "lost", None)
+                    log.info("the script ended (%s) after %.2fs", status, _since(clock))
                 except TransportUnavailable as exc:
                     raise RunError(str(exc)) from None
             finally:
@@ -396,7 +513,12 @@ async def run_code(
         tools=tools,
         lost=lost,
         cleanup_problem=cleanup_problem,
+        unstaged=set() if in_place else _modules_beside(options.script_path),
     )
+
+
+def _since(clock: float) -> float:
+    return time.monotonic() - clock
 
 
 def _shape_result(
@@ -411,6 +533,7 @@ def _shape_result(
     tools: Sequence[str],
     lost: str | None = None,
     cleanup_problem: str | None = None,
+    unstaged: set[str] | None = None,
 ) -> ExecutionResult:
     output = clean_for_model(stdout.text())
     stderr_text = clean_for_model(stderr.text())
@@ -439,7 +562,7 @@ def _shape_result(
         last = _error_line(stderr_text)
         if last:
             error += f": {last}"
-        hint = failure_hint(stderr_text, tools)
+        hint = failure_hint(stderr_text, tools, beside=unstaged or ())
     total = stdout.buffer.total
     captured = stdout.shown_bytes
     warning = None
@@ -449,10 +572,7 @@ def _shape_result(
             "output are shown."
         )
         if stdout.spill_path:
-            warning += (
-                f" The full output is in {stdout.spill_path}; page it with "
-                f'read_file(path="{stdout.spill_path}", offset=...) instead of re-running.'
-            )
+            warning += " " + spill_notice(stdout.spill_path, for_model=True)
         elif stdout.spill_error:
             warning += f" ({stdout.spill_error})"
     if cleanup_problem:

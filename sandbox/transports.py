@@ -44,13 +44,15 @@ FILES_DIR_PREFIX = "rpc-"
 @dataclass(frozen=True, slots=True)
 class Script:
     """What to start: the staged script's command line, its environment and working
-    directory, the stage it lives in, and the marker its processes carry."""
+    directory, the stage it lives in, the marker its processes carry, and the file in
+    the sandbox its stdin reads (None: /dev/null)."""
 
     stage: str
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None
     marker: str
+    stdin_path: str | None = None
 
     def with_env(self, **extra: str) -> Script:
         return dataclasses.replace(self, env={**self.env, **extra})
@@ -84,6 +86,7 @@ async def _under_relay(
                 cwd=script.cwd,
                 socket_path=socket_path,
                 marker=script.marker,
+                stdin_path=script.stdin_path,
             )
         except RelayError as exc:
             details = channel.stderr_tail.decode("utf-8", "replace").strip()
@@ -102,7 +105,9 @@ async def _started(environment: Runtime, server: RPCServer, script: Script) -> A
     """The script, started natively where the environment can, else by the relay
     (which then only starts and watches it: the calls take the other way)."""
     if environment.can_spawn:
-        process = await environment.spawn(script.argv, env=script.env, cwd=script.cwd)
+        process = await environment.spawn(
+            script.argv, env=script.env, cwd=script.cwd, stdin_path=script.stdin_path
+        )
         try:
             yield process
         finally:
