@@ -190,14 +190,14 @@ class DockerEnvironment(ExecStreamEnvironment):
         repository, tag = docker.utils.parse_repository_tag(image)
 
         def pull() -> None:
-            reported = 0.0
+            reported: float | None = None  # when download progress was last reported
             for event in self._client.api.pull(repository, tag=tag, stream=True, decode=True):
                 if "error" in event:
                     raise docker.errors.APIError(str(event["error"]))
                 status, layer = event.get("status", ""), event.get("id")
                 if status in ("Downloading", "Extracting") and event.get("progress"):
                     now = time.monotonic()
-                    if now - reported < PULL_REPORT_SECONDS:
+                    if reported is not None and now - reported < PULL_REPORT_SECONDS:
                         continue
                     reported = now
                     status = f"{status} {event['progress']}"
