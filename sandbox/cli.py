@@ -47,8 +47,9 @@ USAGE_ERROR = 2
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
 
-class StdinNotClosed(SandboxError):
-    """The piped stdin was still open when the run's timeout came."""
+class _StdinStillOpen(Exception):
+    """The piped stdin was still open when the run's timeout came (a result, not an
+    error of the command line: main never sees it)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,7 +97,7 @@ def _piped_stdin() -> int | None:
 def _read_stdin(fd: int, timeout: float) -> bytes:
     """All of ``fd`` up to its end, within ``timeout`` seconds and MAX_STDIN_BYTES.
 
-    Raises StdinNotClosed when the writer keeps it open past the timeout, UsageError
+    Raises _StdinStillOpen when the writer keeps it open past the timeout, UsageError
     when it holds too much."""
     deadline = time.monotonic() + timeout
     waits = not stat.S_ISREG(os.fstat(fd).st_mode)  # a file is always readable
@@ -108,7 +109,7 @@ def _read_stdin(fd: int, timeout: float) -> bytes:
         while True:
             left = deadline - time.monotonic()
             if waits and (left <= 0 or not selector.select(left)):
-                raise StdinNotClosed(
+                raise _StdinStillOpen(
                     f"standard input was still open after the run's timeout ({timeout:g}s), "
                     "so the script was not started: close the pipe, or run with "
                     "</dev/null if the script does not read its input"
@@ -556,7 +557,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if stdin_fd is not None:
         try:
             data = _read_stdin(stdin_fd, options.timeout)
-        except StdinNotClosed as exc:
+        except _StdinStillOpen as exc:
             result = ExecutionResult(
                 status="timeout",
                 output="",

@@ -281,7 +281,7 @@ def _modules_beside(script_path: str | None) -> set[str]:
         entries = list(os.scandir(os.path.dirname(script_path)))
     except OSError:
         return set()
-    names = set()
+    names: set[str] = set()
     for entry in entries:
         stem, ext = os.path.splitext(entry.name)
         if ext == ".py" or (not ext and entry.is_dir()):
@@ -296,7 +296,7 @@ def _imported_modules(source: str | bytes) -> set[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
