@@ -686,7 +686,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"arguments after -- are for a script: {args.command} takes none")
         args.script_args = script_args
     except UsageError as exc:  # before parsing is done: look for --json by hand
-        return _report_error(str(exc), "--json" in argv)
+        message = str(exc)
+        if message.startswith("unrecognized arguments") and "run" in argv:
+            message = message.replace(" (see", "; a script's own arguments go after -- (see")
+        return _report_error(message, "--json" in argv)
     if args.command is None:  # bare hermes-sandbox: what it can do, as a usage error
         parser.print_help(sys.stderr)
         return USAGE_ERROR

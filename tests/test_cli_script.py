@@ -204,6 +204,12 @@ def test_bad_input_without_json_is_one_line_on_stderr(tmp_path: Path) -> None:
     ]
 
 
+def test_script_arguments_without_dash_dash_are_refused_with_the_way(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text("print('never run')\n")
+    done = cli("run", "ok.py", "one", cwd=tmp_path)
+    assert done.returncode == 2 and "a script's own arguments go after --" in done.stderr
+
+
 def test_arguments_after_dash_dash_are_refused_by_other_commands(tmp_path: Path) -> None:
     done = cli("tools", "--", "x", cwd=tmp_path)
     assert done.returncode == 2 and "takes none" in done.stderr
