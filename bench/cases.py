@@ -39,6 +39,7 @@ SECTIONS = {
     "memory": "4. Host memory while a script prints to stdout",
     "concurrent": "5. Concurrent runs, each making 20 tool calls",
     "payload": "6. Large tool results, round trip",
+    "warm": "7. print(1) in a warm Session, a one-shot run beside it as the baseline",
 }
 
 
@@ -140,19 +141,28 @@ class Case:
     kind: str = "subject"  # or "baseline"
 
 
-def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
-    api = [x for s in samples for x in s["api_ms"]]
-    bare = [x for s in samples for x in s["bare_ms"]]
-    api_p50, bare_p50 = stats.median(api), stats.median(bare)
+def _paired(samples: list[Sample], subject: str, baseline: str) -> dict[str, Any]:
+    """p50, p90 and count of ``<subject>_ms`` and ``<baseline>_ms`` timed in turns, and
+    the ratio of their medians."""
+    ours = [x for s in samples for x in s[f"{subject}_ms"]]
+    theirs = [x for s in samples for x in s[f"{baseline}_ms"]]
+    ours_p50, theirs_p50 = stats.median(ours), stats.median(theirs)
     return {
-        "api_p50_ms": round(api_p50, 2),
-        "api_p90_ms": round(stats.percentile(api, 90), 2),
-        "bare_p50_ms": round(bare_p50, 2),
-        "bare_p90_ms": round(stats.percentile(bare, 90), 2),
-        "ratio": round(api_p50 / bare_p50, 2),
-        "runs": len(api),
-        "bare_argv": samples[0]["bare_argv"],
+        f"{subject}_p50_ms": round(ours_p50, 2),
+        f"{subject}_p90_ms": round(stats.percentile(ours, 90), 2),
+        f"{baseline}_p50_ms": round(theirs_p50, 2),
+        f"{baseline}_p90_ms": round(stats.percentile(theirs, 90), 2),
+        "ratio": round(ours_p50 / theirs_p50, 3),
+        "runs": len(ours),
     }
+
+
+def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
+    return {**_paired(samples, "api", "bare"), "bare_argv": samples[0]["bare_argv"]}
+
+
+def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
+    return _paired(samples, "warm", "one_shot")
 
 
 def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
@@ -256,19 +266,28 @@ def build_cases(settings: Settings) -> list[Case]:
         )
     )
 
-    # 3. Cold runs, the bare interpreter timed beside each.
-    for b in BACKENDS:
-        cases.append(
-            Case(
-                id=f"cold.{b.name}",
-                section="cold",
-                label=f"print(1) / {b.name}",
-                measure=partial(subject.run_cold, b.options(), s.cold_runs),
-                summarize=_summarize_cold,
-                probe=b.probe,
-                params={"backend": b.name},
+    # 3. Cold runs, the bare interpreter timed beside each; 7. warm runs in a Session,
+    # a one-shot run timed beside each (local only: on docker each one-shot run starts a
+    # container, seconds apiece, which the quick run in the tests cannot afford; run
+    # subject.run_warm by hand for the other backends).
+    local = [b for b in BACKENDS if b.name == "local"]
+    paired = [
+        ("cold", subject.run_cold, _summarize_cold, BACKENDS),
+        ("warm", subject.run_warm, _summarize_warm, local),
+    ]
+    for section, measure, summarize, backends in paired:
+        for b in backends:
+            cases.append(
+                Case(
+                    id=f"{section}.{b.name}",
+                    section=section,
+                    label=f"print(1) / {b.name}",
+                    measure=partial(measure, b.options(), s.cold_runs),
+                    summarize=summarize,
+                    probe=b.probe,
+                    params={"backend": b.name},
+                )
             )
-        )
 
     # 4. Memory.
     for b in BACKENDS:

@@ -121,6 +121,22 @@ def _simple_table(
     return table
 
 
+def _paired_cells(subject: str, baseline: str) -> Callable[[dict[str, Any]], list[str]]:
+    """The cells of a row of ``_paired`` figures (bench/cases.py)."""
+
+    def cells(f: dict[str, Any]) -> list[str]:
+        return [
+            _num(f[f"{subject}_p50_ms"], 2),
+            _num(f[f"{subject}_p90_ms"], 2),
+            _num(f[f"{baseline}_p50_ms"], 2),
+            _num(f[f"{baseline}_p90_ms"], 2),
+            _num(f["ratio"], 2) + "x",
+            _num(f["runs"]),
+        ]
+
+    return cells
+
+
 def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
     by_section: dict[str, list[Row]] = {}
     for row in rows:
@@ -143,14 +159,7 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
                 "cold",
                 by_section["cold"],
                 ["API p50 ms", "API p90 ms", "bare p50 ms", "bare p90 ms", "ratio", "runs"],
-                lambda f: [
-                    _num(f["api_p50_ms"], 2),
-                    _num(f["api_p90_ms"], 2),
-                    _num(f["bare_p50_ms"], 2),
-                    _num(f["bare_p90_ms"], 2),
-                    _num(f["ratio"], 2) + "x",
-                    _num(f["runs"]),
-                ],
+                _paired_cells("api", "bare"),
                 note="bare: the same interpreter's `-c print(1)` through subprocess.run",
             )
         )
@@ -197,6 +206,23 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
                     _num(f["calls"]),
                 ],
                 note="tool result {'data': 'x' * size}, parsed by the caller",
+            )
+        )
+    if "warm" in by_section:
+        out.append(
+            _simple_table(
+                "warm",
+                by_section["warm"],
+                [
+                    "warm p50 ms",
+                    "warm p90 ms",
+                    "one-shot p50 ms",
+                    "one-shot p90 ms",
+                    "ratio",
+                    "runs",
+                ],
+                _paired_cells("warm", "one_shot"),
+                note="ratio: warm p50 / one-shot p50, the two interleaved",
             )
         )
     return out

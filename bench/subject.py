@@ -26,7 +26,7 @@ import anyio
 import psutil
 
 from bench.workload import BLOB_SCHEMA, ECHO_SCHEMA, blob_tool, call_spec, echo_tool
-from hermes_sandbox import ExecutionResult, RunError, execute_code, execute_code_async
+from hermes_sandbox import ExecutionResult, RunError, Session, execute_code, execute_code_async
 from hermes_sandbox.environments import BackendError
 from hermes_sandbox.tools.registry import ToolRegistry
 
@@ -174,6 +174,47 @@ def run_cold(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
         first()
         second()
     return {"api_ms": api_ms, "bare_ms": bare_ms, "bare_argv": bare_argv}
+
+
+def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """``print(1)`` in a warm :class:`Session` and as a one-shot run beside it (the
+    baseline), interleaved, ``runs`` each; one untimed run of each first."""
+    options: dict[str, Any] = {"registry": bench_registry(), "tools": (), "timeout": 300}
+    options.update(run_options)
+    try:
+        session = Session(**options)
+        session.start()
+    except (RunError, BackendError) as exc:
+        raise NotAvailable(str(exc)) from exc
+    warm_ms: list[float] = []
+    one_shot_ms: list[float] = []
+
+    def check(result: ExecutionResult, what: str) -> None:
+        if _killed(result):
+            raise ScriptKilled(f"print(1) {what} was killed (exit code {result.exit_code})")
+        if result.status != "success" or result.output.strip() != "1":
+            raise RuntimeError(f"print(1) {what} gave {result.to_dict()}")
+
+    def warm() -> None:
+        t0 = time.perf_counter()
+        result = session.run("print(1)")
+        warm_ms.append((time.perf_counter() - t0) * 1000)
+        check(result, "in a session")
+
+    def one_shot() -> None:
+        t0 = time.perf_counter()
+        result = _execute("print(1)", run_options, tools=())
+        one_shot_ms.append((time.perf_counter() - t0) * 1000)
+        check(result, "one-shot")
+
+    with session:
+        check(session.run("print(1)"), "in a session")
+        check(_execute("print(1)", run_options, tools=()), "one-shot")
+        for i in range(runs):
+            first, second = (warm, one_shot) if i % 2 == 0 else (one_shot, warm)
+            first()
+            second()
+    return {"warm_ms": warm_ms, "one_shot_ms": one_shot_ms}
 
 
 class RSSSampler:

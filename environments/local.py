@@ -1,14 +1,18 @@
 """The local backend: run on this machine, as this user, in a new session.
 
-Every process this environment starts carries a marker variable in its environment,
-so that :meth:`LocalEnvironment.aclose` finds and kills all of them, even daemons
-that left the session and were reparented. A process's own :meth:`LocalProcess.kill`
-takes its descendants and every process still in its session.
+Scripts start behind the run's isolation (environments/isolation.py): under bubblewrap
+where it works, with the host's network only when asked for. Every process this
+environment starts carries a marker variable in its environment, so that
+:meth:`LocalEnvironment.aclose` finds and kills all of them, even daemons that left the
+session and were reparented. A process's own :meth:`LocalProcess.kill` takes its
+descendants and every process still in its session.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import logging
 import os
 import secrets
 import shutil
@@ -39,8 +43,17 @@ from hermes_sandbox.environments.base import (
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import EnvironmentFailure
+from hermes_sandbox.environments.isolation import (
+    ISOLATION_MODES,
+    Isolation,
+    choose_isolation,
+    describe_isolation,
+)
 from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.errors import SandboxError
 from hermes_sandbox.threads import kill_limiter, tool_limiter
+
+log = logging.getLogger(__name__)
 
 MARKER_VAR = "HERMES_SANDBOX_ENV"
 _DRAIN_SECONDS = 1.0
@@ -52,14 +65,34 @@ class LocalSettings(BackendSettings):
 
     backend: ClassVar[str] = "local"
     without_image: ClassVar[str] = "it runs on this machine as it is"
+    network_setting: ClassVar[tuple[str, Any] | None] = ("network", True)
+    isolation_field: ClassVar[str | None] = "isolation"
 
     python: str | None = None  # the interpreter scripts run with; None: this process's
+    # auto, bwrap or none (environments/isolation.py); None: $HERMES_SANDBOX_ISOLATION,
+    # else auto.
+    isolation: str | None = None
+    network: bool = False  # the host's network under bwrap (without it, there is no other)
 
     def check(self) -> None:
         if self.python is not None:
             if not self.python:
                 raise ValueError("python must be a command name or a path, not empty")
             object.__setattr__(self, "python", os.path.expanduser(self.python))
+        if self.isolation is not None and self.isolation not in ISOLATION_MODES:
+            raise ValueError(
+                f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {self.isolation!r}"
+            )
+
+    def availability(self) -> str | None:
+        try:
+            choose_isolation(self)
+        except SandboxError as exc:  # bwrap asked for and not working, a bad variable
+            return str(exc)
+        return None
+
+    def details(self) -> dict[str, str]:
+        return {"isolation": describe_isolation(self)}
 
 
 class LocalEnvironment(Environment, Runtime):
@@ -87,6 +120,8 @@ class LocalEnvironment(Environment, Runtime):
         self._python = python or self.settings.python or sys.executable
         self.kill_grace = kill_grace
         self._closed = False
+        self.isolation: Isolation | None = None  # chosen by start()
+        self._stages: list[str] = []  # what make_private_dir made: the runs' to write
 
     @classmethod
     def for_run(
@@ -117,11 +152,37 @@ class LocalEnvironment(Environment, Runtime):
         return tempfile.gettempdir()  # this machine: every path is the host's
 
     async def start(self) -> Self:
-        """Nothing to make: this machine is ready; returns this environment, which runs
-        things too. Raises EnvironmentFailure once closed."""
+        """Nothing to make: this machine is ready once the isolation is chosen; returns
+        this environment, which runs things too. Raises EnvironmentFailure once closed,
+        BackendNotAvailable when bwrap is asked for and does not work here."""
         if self._closed:
             raise EnvironmentFailure("this local environment was closed; make a new one")
+        await self._chosen_isolation()
         return self
+
+    async def _chosen_isolation(self) -> Isolation:
+        if self.isolation is None:
+            chosen = await anyio.to_thread.run_sync(choose_isolation, self.settings)
+            log.info("local isolation: %s", chosen.describe())
+            self.isolation = chosen
+        return self.isolation
+
+    async def _contained(self, argv: Sequence[str], cwd: str | None) -> list[str]:
+        """``argv`` behind the run's isolation: the one place a script's launch is
+        contained (environments/isolation.py)."""
+        isolation = await self._chosen_isolation()
+        if isolation.mode == "none":
+            return list(argv)
+        prefix = await anyio.to_thread.run_sync(
+            functools.partial(
+                isolation.prefix,
+                cwd=os.getcwd() if cwd is None else cwd,
+                writable=list(self._stages),
+                python=self._python,
+                network=self.settings.network,
+            )
+        )
+        return [*prefix, *argv]
 
     @property
     def alive(self) -> bool:
@@ -157,7 +218,7 @@ class LocalEnvironment(Environment, Runtime):
         stdin = open(stdin_path, "rb") if stdin_path else None  # noqa: SIM115, ASYNC230
         try:
             process = await anyio.open_process(
-                list(argv),
+                await self._contained(argv, cwd),
                 stdin=stdin if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -183,7 +244,7 @@ class LocalEnvironment(Environment, Runtime):
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
             process = await anyio.open_process(
-                list(argv),
+                await self._contained(argv, cwd),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -275,13 +336,17 @@ class LocalEnvironment(Environment, Runtime):
         await anyio.to_thread.run_sync(_write, limiter=tool_limiter())
 
     async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
-        return tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
+        made = tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
+        self._stages.append(made)
+        return made
 
     async def remove_tree(self, path: str) -> None:
+        def remove() -> list[str]:
+            shutil.rmtree(path, ignore_errors=True)
+            return [stage for stage in self._stages if os.path.isdir(stage)]
+
         # The run's own cleanup, not a tool's: on the kill's threads, which tools never hold.
-        await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(path, ignore_errors=True), limiter=kill_limiter()
-        )
+        self._stages = await anyio.to_thread.run_sync(remove, limiter=kill_limiter())
 
 
 class LocalProcess(SandboxProcess):

@@ -10,9 +10,10 @@ it came from: ``backends.docker.memory in /path/config.yaml: ...``, ``-o cpus=ab
 ...``, ``DockerSettings(cpus=-1): ...``.
 
 The class owns what is particular to its backend: its fields and their checks
-(:meth:`BackendSettings.check`), which field ``--image`` and ``--network`` set
-(:attr:`image_field`, :attr:`network_setting`), and why the backend cannot be used here
-(:meth:`availability`).
+(:meth:`BackendSettings.check`), which field ``--image``, ``--network`` and
+``--isolation`` set (:attr:`image_field`, :attr:`network_setting`,
+:attr:`isolation_field`), why the backend cannot be used here (:meth:`availability`)
+and how it would run here (:meth:`details`).
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ class BackendSettings:
     without_image: ClassVar[str] = "it has no image"
     # (field, value) that --network sets, or None: the backend has no network switch.
     network_setting: ClassVar[tuple[str, Any] | None] = None
+    # The field --isolation sets, or None: the backend has its own sandbox.
+    isolation_field: ClassVar[str | None] = None
     # Keys that are not settings on purpose, with what to do instead (credentials).
     refused: ClassVar[Mapping[str, str]] = {}
 
@@ -194,6 +197,12 @@ class BackendSettings:
         when it can as far as can be told without starting anything (an SDK
         installed, an engine answering, an executable found, credentials present)."""
         return None
+
+    def details(self) -> dict[str, str]:
+        """How the backend would run here with these settings, as name -> phrase, for
+        ``hermes-sandbox backends`` (the local backend's isolation); may probe the
+        machine, never starts a sandbox."""
+        return {}
 
     # -- building from layers ----------------------------------------------------------
 
@@ -300,10 +309,20 @@ class BackendSettings:
         return layers
 
     @classmethod
-    def flag_layers(cls, *, image: str | None, network: bool) -> list[tuple[dict[str, Any], Place]]:
-        """The generic ``--image`` and ``--network`` flags as layers of this backend's
-        fields; raises SettingError where the backend has no such thing."""
+    def flag_layers(
+        cls, *, image: str | None, network: bool, isolation: str | None = None
+    ) -> list[tuple[dict[str, Any], Place]]:
+        """The generic ``--image``, ``--network`` and ``--isolation`` flags as layers of
+        this backend's fields; raises SettingError where the backend has no such thing."""
         layers: list[tuple[dict[str, Any], Place]] = []
+        if isolation is not None:
+            if cls.isolation_field is None:
+                raise SettingError(
+                    "--isolation chooses how the local backend contains its scripts, and "
+                    f"the {cls.backend} backend has no such choice; drop --isolation",
+                    place=f"--isolation {isolation}",
+                )
+            layers.append(({cls.isolation_field: isolation}, lambda f: f"--isolation {isolation}"))
         if image is not None:
             if cls.image_field is None:
                 raise SettingError(

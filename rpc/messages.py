@@ -139,7 +139,7 @@ class Envelope:
                 f"request 'tool' must be a non-empty string of at most {MAX_TOOL_NAME} characters",
             )
         if not isinstance(self.token, str):
-            raise CallRefused(UNAUTHORIZED, "request carries no token")
+            raise CallRefused(UNAUTHORIZED, "Unauthorized RPC request: no token")
         if not token or not hmac.compare_digest(self.token.encode("utf-8", "surrogatepass"), token):
             raise CallRefused(UNAUTHORIZED, "Unauthorized RPC request: bad token")
         args: Any = {}

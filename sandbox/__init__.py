@@ -32,6 +32,7 @@ from hermes_sandbox.execute_code_tool import register_execute_code
 from hermes_sandbox.gate import ToolCallBudget
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
+from hermes_sandbox.session import AsyncSession, Session
 from hermes_sandbox.tools.approval import ApprovalPolicy
 from hermes_sandbox.tools.decorator import tool
 from hermes_sandbox.tools.registry import (
@@ -46,6 +47,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "ApprovalPolicy",
+    "AsyncSession",
     "BackendSettings",
     "ConfigError",
     "DaytonaSettings",
@@ -57,6 +59,7 @@ __all__ = [
     "RunOptions",
     "SSHSettings",
     "SandboxError",
+    "Session",
     "SettingError",
     "SingularitySettings",
     "ToolCallBudget",

@@ -13,6 +13,7 @@ import anyio
 from hermes_sandbox.environments import BackendSettings
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunOptions, run_code
+from hermes_sandbox.streaming import OutputCallback
 from hermes_sandbox.tools.registry import ToolRegistry
 
 
@@ -27,6 +28,8 @@ async def execute_code_async(
     env: Mapping[str, str] | None = None,
     registry: ToolRegistry | None = None,
     interrupt: anyio.Event | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
     **options: Any,
 ) -> ExecutionResult:
     """Run ``code`` in a sandbox and return its result; for anyio and asyncio callers.
@@ -37,8 +40,10 @@ async def execute_code_async(
     ``tools`` limits what the script may call (default: every built-in sandbox tool);
     ``env`` adds variables to the scrubbed environment the script gets; other keyword
     arguments are fields of :class:`sandbox.runner.RunOptions`. Cancelling the call
-    kills the script. Raises :class:`sandbox.runner.RunError` for bad options and
-    :class:`environments.BackendError` when the backend cannot be used.
+    kills the script. ``on_stdout`` and ``on_stderr`` get the output line by line as
+    the script prints it (docs/sessions.md). Raises :class:`sandbox.runner.RunError`
+    for bad options and :class:`environments.BackendError` when the backend cannot be
+    used.
 
     Dangerous terminal commands (recursive deletes of broad paths, writes to disks,
     ``curl | sh``...; see :mod:`tools.approval`) are refused, and the script gets
@@ -58,7 +63,14 @@ async def execute_code_async(
         env=env,
         **options,
     )
-    return await run_code(code, run_options, registry=registry, interrupt=interrupt)
+    return await run_code(
+        code,
+        run_options,
+        registry=registry,
+        interrupt=interrupt,
+        on_stdout=on_stdout,
+        on_stderr=on_stderr,
+    )
 
 
 def execute_code(

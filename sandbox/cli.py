@@ -19,8 +19,8 @@ import stat
 import sys
 import termios
 import time
-from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
 
 import anyio
 
@@ -396,7 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--network",
         action="store_true",
         help="give a sandbox network access, for a backend that can block it (default: "
-        "none, loopback only)",
+        "none, loopback only; on local, under bwrap)",
+    )
+    run.add_argument(
+        "--isolation",
+        metavar="auto|bwrap|none",
+        help="how the local backend contains the script: under bubblewrap (bwrap), or "
+        "not at all (none); auto: bwrap where it works (default: the config's "
+        "backends.local.isolation, else $HERMES_SANDBOX_ISOLATION, else auto)",
     )
     run.add_argument(
         "--env",
@@ -460,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_result(result: ExecutionResult, as_json: bool) -> None:
+def _print_result(result: ExecutionResult, as_json: bool, *, shown_live: bool = False) -> None:
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
@@ -473,7 +480,7 @@ def _print_result(result: ExecutionResult, as_json: bool) -> None:
             spill_notice(path, for_model=True), spill_notice(path, for_model=False)
         )
         warning += " Raise the cap with --max-output-bytes N."
-    if result.output:
+    if result.output and not shown_live:
         sys.stdout.write(result.output if result.output.endswith("\n") else result.output + "\n")
     sys.stdout.flush()
     if result.status != "success" and result.error:
@@ -482,8 +489,17 @@ def _print_result(result: ExecutionResult, as_json: bool) -> None:
         sys.stderr.write(f"hermes-sandbox: {warning}\n")
 
 
-async def _run_with_signals(code: str, options: RunOptions) -> ExecutionResult:
-    """Run, turning SIGINT and SIGTERM into an orderly stop of the script."""
+def _write_live(stream: TextIO) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+async def _run_with_signals(code: str, options: RunOptions, live: bool = False) -> ExecutionResult:
+    """Run, turning SIGINT and SIGTERM into an orderly stop of the script; with ``live``,
+    the script's output is shown as it prints."""
     interrupt = anyio.Event()
     async with anyio.create_task_group() as tasks:
 
@@ -494,7 +510,13 @@ async def _run_with_signals(code: str, options: RunOptions) -> ExecutionResult:
 
         tasks.start_soon(watch_signals)
         try:
-            result = await run_code(code, options, interrupt=interrupt)
+            result = await run_code(
+                code,
+                options,
+                interrupt=interrupt,
+                on_stdout=_write_live(sys.stdout) if live else None,
+                on_stderr=_write_live(sys.stderr) if live else None,
+            )
         except Exception as exc:  # re-raised below, not wrapped in an ExceptionGroup
             failure: Exception | None = exc
         else:
@@ -518,14 +540,16 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         if args.max_output_bytes <= 0:
             raise UsageError(f"--max-output-bytes must be positive, got {args.max_output_bytes}")
         max_stdout = args.max_output_bytes
-    # The backend's settings, built once: the config file's section, then -o, --image
-    # and --network, each refused with its place if it does not fit.
+    # The backend's settings, built once: the config file's section, then -o, --image,
+    # --network and --isolation, each refused with its place if it does not fit.
     settings_class = get_settings_class(backend)
     settings = settings_class.build(
         [
             config.backend_layer(backend),
             *settings_class.parse_options(args.backend_option),
-            *settings_class.flag_layers(image=args.image, network=args.network),
+            *settings_class.flag_layers(
+                image=args.image, network=args.network, isolation=args.isolation
+            ),
         ]
     )
     return RunOptions(
@@ -569,8 +593,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             _print_result(result, args.json)
             return TIMEOUT_EXIT_CODE
         options = dataclasses.replace(options, stdin=data)
-    result = anyio.run(_run_with_signals, code, options)
-    _print_result(result, args.json)
+    # A person at the terminal sees the output as it comes; a program reading a pipe
+    # or --json gets the result, as before.
+    live = not args.json and sys.stdout.isatty()
+    result = anyio.run(_run_with_signals, code, options, live)
+    _print_result(result, args.json, shown_live=live)
     if result.exit_code is None:
         return 1
     return result.exit_code if 0 <= result.exit_code <= 255 else 1
@@ -621,13 +648,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in BACKENDS:
+        details: dict[str, str] = {}
         try:
-            reason = config.backend_settings(name).availability()
+            settings = config.backend_settings(name)
+            reason = settings.availability()
+            details = settings.details()
         except SandboxError as exc:  # settings that do not fit, a backend that cannot load
             reason = str(exc)
-        rows.append({"backend": name, "available": reason is None, "reason": reason})
+        rows.append({"backend": name, "available": reason is None, "reason": reason, **details})
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
@@ -637,6 +667,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         if row["reason"]:
             line += f": {' '.join(str(row['reason']).split())}"
         sys.stdout.write(line + "\n")
+        for key, value in row.items():
+            if key not in ("backend", "available", "reason"):
+                sys.stdout.write(f"{'':<12} {key}: {value}\n")
     return 0
 
 

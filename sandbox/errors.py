@@ -28,7 +28,7 @@
     │   └── RelayError               the relay in the sandbox failed or went away
     └── ToolError                    a tool refused or failed; the message is for the model
         ├── PathRefused              the path policy refuses a path
-        ├── PatchError               (tools.patch_tool) a patch that cannot be applied
+        ├── PatchError               (tools.patch_text) a patch that cannot be applied
         └── WebToolError             (tools.web) the web tools
             ├── NotConfiguredError   no provider set up, or a bad setting
             ├── ProviderError        a provider failed or answered garbage

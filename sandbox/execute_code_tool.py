@@ -15,8 +15,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from hermes_sandbox.runner import RunError, RunOptions, resolve_tools, run_code
+from hermes_sandbox.runner import RunError, RunOptions, resolve_tools
 from hermes_sandbox.stubs import tool_signature
+from hermes_sandbox.task_sessions import TaskSessions, close_all_sessions, close_task_session
 from hermes_sandbox.tools import (
     BLOCKED_TOOLS,
     ToolContext,
@@ -44,8 +45,9 @@ PARAMETERS: dict[str, Any] = {
         "reset": {
             "type": "boolean",
             "description": (
-                "Start from a fresh interpreter. Every call runs in a new process "
-                "today, so this is accepted and changes nothing yet."
+                "Start from a fresh sandbox: the files and processes earlier scripts of "
+                "this task left in it are removed first. Each script runs in a new process "
+                "either way."
             ),
         },
     },
@@ -230,16 +232,23 @@ def _bad_arguments(args: dict[str, Any]) -> str | None:
             "\"from hermes_tools import terminal\\nprint(terminal('ls')['output'])\""
         )
     code = args.get("code")
+    shell = " (a shell command goes to the terminal tool as `command`)"
     if code is None:
-        return tool_error("execute_code needs `code`: the Python script to run, as a string")
+        return tool_error(
+            "execute_code needs `code`: the Python script to run, as a string" + shell
+        )
     if not isinstance(code, str):
         return tool_error(
             f"`code` must be a string holding the Python script, not {type(code).__name__}; "
             "join the lines with newlines"
         )
     if not code.strip():
-        return tool_error("`code` is empty: pass the Python script to run")
+        return tool_error("`code` is empty: pass the Python script to run" + shell)
     return None
+
+
+# The warm sessions of each registry's execute_code, by id(registry).
+_registered_sessions: dict[int, TaskSessions] = {}
 
 
 def register_execute_code(
@@ -256,6 +265,12 @@ def register_execute_code(
     limits of ``options`` (the run defaults: backend, timeout, budget, output caps...).
     Call it again when the session's tools change. Raises :class:`RunError` for an
     enabled tool that is not registered and for options that make no sense.
+
+    Scripts of one task id (the ToolContext's, else ``options.task_id``, else
+    "default") run in one warm sandbox, kept until :func:`close_task_session` (call it
+    when the task ends) or :func:`close_all_sessions` (at shutdown; also run at exit);
+    ``reset`` makes it anew. Registering again closes the sessions of the previous
+    registration on the same registry.
     """
     registry = default_registry if registry is None else registry
     if registry is default_registry:
@@ -263,16 +278,18 @@ def register_execute_code(
     options = (options or RunOptions()).validate()
     tools = script_tools(registry, enabled_tools, options)
     base = dataclasses.replace(options, tools=tuple(tools))
+    previous = _registered_sessions.get(id(registry))
+    if previous is not None:
+        previous.close_all()
+    sessions = _registered_sessions[id(registry)] = TaskSessions(base, registry)
 
     async def handle(args: dict[str, Any], ctx: ToolContext | None) -> str:
         problem = _bad_arguments(args)
         if problem:
             return problem
-        run_options = base
-        if ctx is not None and base.task_id is None:
-            run_options = dataclasses.replace(base, task_id=ctx.task_id)
+        task_id = base.task_id or (ctx.task_id if ctx is not None else None) or "default"
         try:
-            result = await run_code(args["code"], run_options, registry=registry)
+            result = await sessions.run(task_id, args["code"], reset=bool(args.get("reset")))
         except RunError as exc:
             return tool_error(str(exc))
         return result.to_json()
@@ -295,6 +312,8 @@ __all__ = [
     "FORMATS",
     "NAME",
     "build_schema",
+    "close_all_sessions",
+    "close_task_session",
     "limits_text",
     "register_execute_code",
     "script_tools",

@@ -46,6 +46,7 @@ from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
+from hermes_sandbox.streaming import OutputCallback, StreamedOutput
 from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
 from hermes_sandbox.tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
@@ -206,10 +207,13 @@ def _error_line(stderr: str) -> str | None:
     return None
 
 
-async def _pump(stream: Any, sink: CappedOutput) -> None:
+async def _pump(stream: Any, sink: CappedOutput, streamed: StreamedOutput | None) -> None:
     try:
         async for chunk in stream:
-            sink.feed(chunk)
+            if streamed is None:
+                sink.feed(chunk)
+            else:
+                await streamed.feed(chunk)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
 
@@ -222,14 +226,21 @@ async def _supervise(
     timeout: float,
     kill_grace: float,
     interrupt: anyio.Event | None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
 ) -> tuple[Status, int | None]:
-    """Wait for the script within the limits; kill it and all it started; drain output."""
+    """Wait for the script within the limits; kill it and all it started; drain output
+    (into the capped sinks, and line by line to the callbacks given)."""
     status: Status = "success"
     exit_code: int | None = None
+    streams = [
+        (process.stdout, stdout, StreamedOutput(stdout, on_stdout) if on_stdout else None),
+        (process.stderr, stderr, StreamedOutput(stderr, on_stderr) if on_stderr else None),
+    ]
     try:
         async with anyio.create_task_group() as pumps:
-            pumps.start_soon(_pump, process.stdout, stdout)
-            pumps.start_soon(_pump, process.stderr, stderr)
+            for source, sink, streamed in streams:
+                pumps.start_soon(_pump, source, sink, streamed)
             with anyio.move_on_after(timeout) as deadline:
                 async with anyio.create_task_group() as waiters:
 
@@ -250,6 +261,9 @@ async def _supervise(
                 await process.kill(kill_grace)  # the script's leftovers too
             # Every writer is gone now; give the pipes a moment to deliver the rest.
             pumps.cancel_scope.deadline = anyio.current_time() + DRAIN_SECONDS
+        for _, _, streamed in streams:
+            if streamed is not None:
+                await streamed.flush()  # a last line without its newline
     finally:
         with anyio.CancelScope(shield=True):
             await process.aclose()
@@ -262,15 +276,87 @@ async def _supervise(
     return ("success" if exit_code == 0 else "error"), exit_code
 
 
-async def _remove_stage(runtime: Runtime, stage: str) -> str | None:
-    """Remove the stage directory; what went wrong, if anything (a sandbox that went
-    away mid-run takes its stage with it: the result, not an exception, says so)."""
+def make_environment(
+    options: RunOptions, explicit_env: Mapping[str, str] | None
+) -> tuple[Environment, dict[str, str]]:
+    """The run's environment, and the variables its scripts start from: a backend that
+    shares the host starts from the host's scrubbed environment, any other from only
+    what the caller passed (the host's PATH or HOME mean nothing in a container); every
+    one gets the agent's time zone as TZ."""
+    cls = get_environment_class(options.backend_name)
+    settings = options.backend_settings()
+    base_env = scrub_environment(
+        os.environ if cls.shares_host else {}, explicit_env, timezone=timezone_setting(os.environ)
+    )
+    environment = cls.for_run(
+        settings,
+        env=base_env,
+        kill_grace=options.kill_grace,
+        task_id=options.task_id,
+        python=options.python,
+    )
+    return environment, base_env
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A run's checked options and what follows from them before anything starts: the
+    registry that serves its calls, the tools it may call and the stub files that
+    declare them. One plan serves every run of a session."""
+
+    options: RunOptions
+    registry: ToolRegistry
+    tools: list[str]
+    files: Mapping[str, str]
+
+
+def plan_run(options: RunOptions | None, registry: ToolRegistry | None) -> Plan:
+    """Check ``options`` and resolve the tools; raise :class:`RunError`."""
+    options = (options or RunOptions()).validate()
+    if registry is None:
+        registry = default_registry
+        load_builtin_tools()
+    tools = resolve_tools(registry, options.tools)
     try:
-        await runtime.remove_tree(stage)
-    except (BackendError, OSError) as exc:
-        log.warning("could not remove the stage %s: %s", stage, exc)
-        return str(exc)
-    return None
+        check_transport(options.transport)
+    except TransportUnavailable as exc:
+        raise RunError(str(exc)) from None
+    return Plan(options, registry, tools, stub_files(registry.get_definitions(tools)))
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A started environment made ready for scripts: the transport chosen and a private
+    stage directory holding the stub files (and the relay, where it is needed). Each
+    run writes its script there; :func:`remove_stage` removes it."""
+
+    runtime: Runtime
+    transport: str
+    path: str
+    base_env: Mapping[str, str]
+
+
+async def open_stage(runtime: Runtime, plan: Plan, base_env: Mapping[str, str]) -> Stage:
+    """Choose the transport for ``runtime``, make the stage and write the stub files.
+    Raises RunError (a transport that cannot work there) and BackendError."""
+    try:
+        transport = choose_transport(plan.options.transport, runtime)
+    except TransportUnavailable as exc:
+        raise RunError(str(exc)) from None
+    log.info("tool calls take the %s transport", transport)
+    parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
+    path = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
+    files = dict(plan.files)
+    if needs_relay(transport, runtime):
+        files[RELAY_MODULE] = relay_source()
+    try:
+        for name, text in files.items():
+            await runtime.write_bytes(posixpath.join(path, name), text.encode(), mode=0o600)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await remove_stage(runtime, path)
+        raise
+    return Stage(runtime, transport, path, dict(base_env))
 
 
 def _modules_beside(script_path: str | None) -> set[str]:
@@ -332,19 +418,19 @@ def _siblings(script_path: str, code: str, reserved: set[str]) -> dict[str, byte
     return found
 
 
-async def _stage(
-    runtime: Runtime, stage: str, code: str | None, files: Mapping[str, str], options: RunOptions
+async def _write_script(
+    stage: Stage, code: str, files: Sequence[str], options: RunOptions
 ) -> tuple[list[str], str | None]:
-    """Write the runtime's files into the stage directory, and the script (with the .py
-    files beside it, under their own names) unless it runs in place (``code`` None);
-    the script's command line after the interpreter, and its stdin file."""
-    for name, text in files.items():
-        await runtime.write_bytes(posixpath.join(stage, name), text.encode(), mode=0o600)
+    """Write the run's script into the stage, under its own name with the modules beside
+    it that it imports (``files``: the names the stage holds already), unless it runs in
+    place; and its stdin. The script's command line after the interpreter, and the
+    stdin file (None: /dev/null)."""
+    runtime = stage.runtime
     stdin_path = None
     if options.stdin is not None:
-        stdin_path = posixpath.join(stage, STDIN_NAME)
+        stdin_path = posixpath.join(stage.path, STDIN_NAME)
         await runtime.write_bytes(stdin_path, options.stdin, mode=0o600)
-    if code is None:
+    if _runs_in_place(runtime, options):
         assert options.script_path is not None
         return [options.script_path, *options.argv], stdin_path
     reserved = {*files, STDIN_NAME}
@@ -355,61 +441,56 @@ async def _stage(
             name = SCRIPT_NAME
         siblings = _siblings(options.script_path, code, {*reserved, name})
         for sibling, data in siblings.items():
-            await runtime.write_bytes(posixpath.join(stage, sibling), data, mode=0o600)
+            await runtime.write_bytes(posixpath.join(stage.path, sibling), data, mode=0o600)
         if siblings:
             log.info("copied the modules beside the script: %s", ", ".join(sorted(siblings)))
-    path = posixpath.join(stage, name)
+    path = posixpath.join(stage.path, name)
     await runtime.write_bytes(path, code.encode("utf-8"), mode=0o600)
     return [path, *options.argv], stdin_path
 
 
-def _make_environment(
-    options: RunOptions, explicit_env: Mapping[str, str] | None
-) -> tuple[Environment, dict[str, str]]:
-    """The run's environment, and the variables its scripts start from: a backend that
-    shares the host starts from the host's scrubbed environment, any other from only
-    what the caller passed (the host's PATH or HOME mean nothing in a container); every
-    one gets the agent's time zone as TZ."""
-    cls = get_environment_class(options.backend_name)
-    settings = options.backend_settings()
-    base_env = scrub_environment(
-        os.environ if cls.shares_host else {}, explicit_env, timezone=timezone_setting(os.environ)
-    )
-    environment = cls.for_run(
-        settings,
-        env=base_env,
-        kill_grace=options.kill_grace,
-        task_id=options.task_id,
-        python=options.python,
-    )
-    return environment, base_env
+def _runs_in_place(runtime: Runtime, options: RunOptions) -> bool:
+    """Whether the script's own file runs, in its directory: on a backend that shares
+    this host, when that directory is in the script's working directory (which a
+    contained local run always sees, bwrap or not); else a copy is staged."""
+    if options.script_path is None or not getattr(runtime, "shares_host", False):
+        return False
+    cwd = os.path.realpath(options.cwd or runtime.default_cwd or os.getcwd())
+    directory = os.path.realpath(os.path.dirname(options.script_path))
+    return directory == cwd or directory.startswith(cwd.rstrip(os.sep) + os.sep)
 
 
-async def run_code(
+async def remove_stage(runtime: Runtime, stage: str) -> str | None:
+    """Remove the stage directory; what went wrong, if anything (a sandbox that went
+    away mid-run takes its stage with it: the result, not an exception, says so)."""
+    try:
+        await runtime.remove_tree(stage)
+    except (BackendError, OSError) as exc:
+        log.warning("could not remove the stage %s: %s", stage, exc)
+        return str(exc)
+    return None
+
+
+async def run_in_stage(
+    stage: Stage,
     code: str,
-    options: RunOptions | None = None,
+    plan: Plan,
     *,
-    registry: ToolRegistry | None = None,
+    options: RunOptions | None = None,
     interrupt: anyio.Event | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+    started: float | None = None,
 ) -> ExecutionResult:
-    """Run ``code`` as a script under ``options`` and return its result.
-
-    Setting ``interrupt`` stops the script (status ``interrupted``). Cancelling the
-    calling task kills the script too before the cancellation goes on. Raises
-    :class:`RunError` for options that make no sense and
-    :class:`environments.BackendError` when the backend cannot be used.
-    """
-    started = time.monotonic()
-    options = (options or RunOptions()).validate()
-    if registry is None:
-        registry = default_registry
-        load_builtin_tools()
+    """Run ``code`` in ``stage`` under ``options`` (default: the plan's) and return its
+    result; the environment and the stage stay as they are. ``started`` is when the
+    caller's clock for the result's duration began (default: now)."""
+    started = time.monotonic() if started is None else started
+    options = options or plan.options
     if not isinstance(code, str):
         raise RunError(f"code must be a string, got {type(code).__name__}")
-    tools = resolve_tools(registry, options.tools)
-    files = stub_files(registry.get_definitions(tools))
+    runtime = stage.runtime
     budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
-
     await anyio.to_thread.run_sync(
         sweep_spill_dir, options.spill_dir or default_spill_dir(), options.spill_retention
     )
@@ -420,86 +501,57 @@ async def run_code(
     )
     stderr = CappedOutput(options.max_stderr_bytes)
     lost: str | None = None  # why the sandbox went away mid-run, if it did
-    cleanup_problem: str | None = None
-    environment, base_env = _make_environment(options, options.env)
-    gate: ToolGate | None = None
-    marker = secrets.token_hex(12)
+    cwd = options.cwd or runtime.default_cwd
     try:
-        check_transport(options.transport)
-    except TransportUnavailable as exc:
-        raise RunError(str(exc)) from None
-    # On a backend that shares this host the script's own file runs, in its directory.
-    in_place = options.script_path is not None and type(environment).shares_host
-    try:
-        log.info("starting the %s backend", options.backend_name)
         clock = time.monotonic()
-        runtime = await environment.start()
-        log.info("the %s backend started in %.2fs", options.backend_name, _since(clock))
+        script_argv, stdin_path = await _write_script(
+            stage, code, [*plan.files, RELAY_MODULE], options
+        )
+        log.info("staged the script in %s in %.2fs", stage.path, _since(clock))
+        context = ToolContext(
+            task_id=options.task_id or uuid.uuid4().hex,
+            environment=runtime,
+            cwd=cwd,
+            approval=options.approval,
+            workspace_root=options.workspace_root,
+        )
+        gate = ToolGate(plan.registry, plan.tools, budget, context)
+        token = secrets.token_urlsafe(32)
+        server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
+        pythonpath = stage.base_env.get("PYTHONPATH")
+        child_env = {
+            **stage.base_env,
+            "HERMES_RPC_TOKEN": token,
+            "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
+            "PYTHONPATH": stage.path + (os.pathsep + pythonpath if pythonpath else ""),
+        }
+        script = Script(
+            stage=stage.path,
+            argv=[runtime.python, *script_argv],
+            env=child_env,
+            cwd=cwd,
+            marker=secrets.token_hex(12),
+            stdin_path=stdin_path,
+        )
+        log.info("running %s in %s", shlex.join(script.argv), cwd or "the default cwd")
+        clock = time.monotonic()
+        launch = TRANSPORTS[stage.transport](runtime, server, script)
         try:
-            try:
-                transport = choose_transport(options.transport, runtime)
-            except TransportUnavailable as exc:
-                raise RunError(str(exc)) from None
-            log.info("tool calls take the %s transport", transport)
-            parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
-            stage = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
-            cwd = options.cwd or runtime.default_cwd
-            try:
-                if needs_relay(transport, runtime):
-                    files = {**files, RELAY_MODULE: relay_source()}
-                clock = time.monotonic()
-                script_argv, stdin_path = await _stage(
-                    runtime, stage, None if in_place else code, files, options
+            async with launch as process:
+                status, exit_code = await _supervise(
+                    process,
+                    stdout,
+                    stderr,
+                    timeout=options.timeout,
+                    kill_grace=options.kill_grace,
+                    interrupt=interrupt,
+                    on_stdout=on_stdout,
+                    on_stderr=on_stderr,
                 )
-                log.info("staged the run in %s in %.2fs", stage, _since(clock))
-                context = ToolContext(
-                    task_id=options.task_id or uuid.uuid4().hex,
-                    environment=runtime,
-                    cwd=cwd,
-                    approval=options.approval,
-                    workspace_root=options.workspace_root,
-                )
-                gate = ToolGate(registry, tools, budget, context)
-                token = secrets.token_urlsafe(32)
-                server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
-                pythonpath = base_env.get("PYTHONPATH")
-                child_env = {
-                    **base_env,
-                    "HERMES_RPC_TOKEN": token,
-                    "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
-                    "PYTHONPATH": stage + (os.pathsep + pythonpath if pythonpath else ""),
-                }
-                script = Script(
-                    stage=stage,
-                    argv=[runtime.python, *script_argv],
-                    env=child_env,
-                    cwd=cwd,
-                    marker=marker,
-                    stdin_path=stdin_path,
-                )
-                log.info("running %s in %s", shlex.join(script.argv), cwd or "the default cwd")
-                clock = time.monotonic()
-                launch = TRANSPORTS[transport](runtime, server, script)
-                try:
-                    async with launch as process:
-                        status, exit_code = await _supervise(
-                            process,
-                            stdout,
-                            stderr,
-                            timeout=options.timeout,
-                            kill_grace=options.kill_grace,
-                            interrupt=interrupt,
-                        )
-                        lost = getattr(process, "lost", None)
-                    log.info("the script ended (%s) after %.2fs", status, _since(clock))
-                except TransportUnavailable as exc:
-                    raise RunError(str(exc)) from None
-            finally:
-                with anyio.CancelScope(shield=True):
-                    cleanup_problem = await _remove_stage(runtime, stage)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await environment.aclose()
+                lost = getattr(process, "lost", None)
+            log.info("the script ended (%s) after %.2fs", status, _since(clock))
+        except TransportUnavailable as exc:
+            raise RunError(str(exc)) from None
     finally:
         stdout.close()
     return _shape_result(
@@ -507,18 +559,78 @@ async def run_code(
         exit_code,
         stdout,
         stderr,
-        calls=gate.calls_made if gate else 0,
+        calls=gate.calls_made,
         duration=time.monotonic() - started,
         timeout=options.timeout,
-        tools=tools,
+        tools=plan.tools,
         lost=lost,
-        cleanup_problem=cleanup_problem,
-        unstaged=set() if in_place else _modules_beside(options.script_path),
+        unstaged=set()
+        if _runs_in_place(runtime, options)
+        else _modules_beside(options.script_path),
     )
 
 
 def _since(clock: float) -> float:
     return time.monotonic() - clock
+
+
+def with_cleanup_problem(result: ExecutionResult, problem: str | None) -> ExecutionResult:
+    """``result`` with a warning that the stage could not be removed, if it could not."""
+    if not problem:
+        return result
+    note = f"The run's staging directory could not be removed: {problem}"
+    result.warning = f"{result.warning} {note}" if result.warning else note
+    return result
+
+
+async def run_code(
+    code: str,
+    options: RunOptions | None = None,
+    *,
+    registry: ToolRegistry | None = None,
+    interrupt: anyio.Event | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+) -> ExecutionResult:
+    """Run ``code`` as a script under ``options`` and return its result: start the
+    environment, stage, run, then remove the stage and close the environment (a
+    :class:`~hermes_sandbox.session.AsyncSession` keeps them for many runs).
+
+    Setting ``interrupt`` stops the script (status ``interrupted``). Cancelling the
+    calling task kills the script too before the cancellation goes on. ``on_stdout``
+    and ``on_stderr`` get the output line by line as it is printed (see
+    :mod:`sandbox.streaming`). Raises :class:`RunError` for options that make no sense
+    and :class:`environments.BackendError` when the backend cannot be used.
+    """
+    started = time.monotonic()
+    plan = plan_run(options, registry)
+    if not isinstance(code, str):
+        raise RunError(f"code must be a string, got {type(code).__name__}")
+    environment, base_env = make_environment(plan.options, plan.options.env)
+    try:
+        log.info("starting the %s backend", plan.options.backend_name)
+        clock = time.monotonic()
+        runtime = await environment.start()
+        log.info("the %s backend started in %.2fs", plan.options.backend_name, _since(clock))
+        stage = await open_stage(runtime, plan, base_env)
+        cleanup_problem: str | None = None
+        try:
+            result = await run_in_stage(
+                stage,
+                code,
+                plan,
+                interrupt=interrupt,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                started=started,
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                cleanup_problem = await remove_stage(runtime, stage.path)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await environment.aclose()
+    return with_cleanup_problem(result, cleanup_problem)
 
 
 def _shape_result(
@@ -532,7 +644,6 @@ def _shape_result(
     timeout: float,
     tools: Sequence[str],
     lost: str | None = None,
-    cleanup_problem: str | None = None,
     unstaged: set[str] | None = None,
 ) -> ExecutionResult:
     output = clean_for_model(stdout.text())
@@ -575,9 +686,6 @@ def _shape_result(
             warning += " " + spill_notice(stdout.spill_path, for_model=True)
         elif stdout.spill_error:
             warning += f" ({stdout.spill_error})"
-    if cleanup_problem:
-        note = f"The run's staging directory could not be removed: {cleanup_problem}"
-        warning = f"{warning} {note}" if warning else note
     return ExecutionResult(
         status=status,
         output=output,

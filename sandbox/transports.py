@@ -73,9 +73,12 @@ async def _under_relay(
 ) -> AsyncIterator[Any]:
     """The script started by the relay in the sandbox; with ``socket_path`` the relay
     listens there and carries the script's calls to ``server`` too."""
+    # In the script's working directory: where the relay is contained (local under
+    # bwrap), that directory is what the script may write.
     channel = await environment.open_exec_stream(
         [environment.python, posixpath.join(script.stage, RELAY_MODULE)],
         env={"PYTHONPATH": script.stage, "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=script.cwd,
     )
     failure: TransportUnavailable | None = None
     async with RelaySession(channel, server) as session:

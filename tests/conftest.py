@@ -9,6 +9,8 @@
   name the scrubber lets through, and only marked processes with that tag count.
 - ``gone``, ``assert_gone``, ``wait_for_pids`` and ``sandbox_processes``: by-pid checks
   of the processes a script started.
+- ``tool_env``, ``workspace`` and ``tool_ctx`` (from tests/toolcalls.py): a tool's
+  context on a real LocalEnvironment, for calling tools through the registry.
 """
 
 from __future__ import annotations
@@ -32,15 +34,24 @@ from typing import Any
 import psutil
 import pytest
 
+# Fixtures for calling tools on a real LocalEnvironment (tool_env, workspace, tool_ctx).
+from toolcalls import tool_ctx, tool_env, workspace  # noqa: F401
+
 import hermes_sandbox.environments.docker.environment as docker_backend
 import hermes_sandbox.environments.docker.settings as docker_settings
 from hermes_sandbox import ExecutionResult, execute_code
+from hermes_sandbox.environments.isolation import ISOLATION_VARIABLE, probe_bwrap
 from hermes_sandbox.environments.local import MARKER_VAR
 
 try:
     import docker
 except ImportError:  # the engine tests skip (or fail under CI) with the reason
     docker = None
+
+# The suite's local runs are not isolated unless a test asks (tests/test_isolation.py
+# and the conformance suite's local-bwrap rows do): the default, auto, would put them
+# under bubblewrap where it works, and change what they see (pids, /tmp, the network).
+os.environ.setdefault(ISOLATION_VARIABLE, "none")
 
 DEFAULT_TIMEOUT = 20.0
 IMAGE = os.environ.get("HERMES_SANDBOX_TEST_IMAGE", "hermes-sandbox-python:bookworm")
@@ -285,6 +296,12 @@ def require(problem: str | None, what: str) -> None:
         pytest.fail(f"{message} (CI=true: CI starts this service, so this is a failure)")
     print(f"\nSKIPPED: {message}", file=sys.stderr)
     pytest.skip(message)
+
+
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot isolate local runs here, or None."""
+    problem = probe_bwrap().problem
+    return f"{problem} (apt-get install bubblewrap)" if problem else None
 
 
 def engine_problem() -> str | None:

@@ -123,6 +123,19 @@ def test_image_and_network_flags_map_onto_each_backends_fields():
         SSHSettings.flag_layers(image=None, network=True)
 
 
+def test_network_and_isolation_flags_map_onto_the_local_settings():
+    layers = LocalSettings.flag_layers(image=None, network=True, isolation="bwrap")
+    built = LocalSettings.build(layers)
+    assert (built.network, built.isolation) == (True, "bwrap")
+    assert LocalSettings().network is False and LocalSettings().isolation is None
+    with pytest.raises(SettingError, match=r"^--isolation bwrap: .*the docker backend has no"):
+        DockerSettings.flag_layers(image=None, network=False, isolation="bwrap")
+    with pytest.raises(SettingError, match=r"^--isolation jail: isolation must be one of"):
+        LocalSettings.build(LocalSettings.flag_layers(image=None, network=False, isolation="jail"))
+    with pytest.raises(SettingError, match=r"^LocalSettings\(isolation='jail'\)"):
+        LocalSettings(isolation="jail")
+
+
 def test_run_options_take_a_name_or_a_settings_object():
     options = RunOptions(backend=DockerSettings(image="x"), backend_options={"memory": "2g"})
     assert options.backend_name == "docker"

@@ -403,7 +403,12 @@ def test_backends_lists_each_backend_and_why_not(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = {row["backend"]: row for row in json.loads(done.stdout)}
     assert list(rows) == ["local", "docker", "ssh", "singularity", "modal", "daytona"]
-    assert rows["local"] == {"backend": "local", "available": True, "reason": None}
+    assert rows["local"] == {
+        "backend": "local",
+        "available": True,
+        "reason": None,
+        "isolation": "none (as asked)",  # conftest: HERMES_SANDBOX_ISOLATION=none
+    }
     expected = {
         "docker": "no-engine.sock",
         "ssh": "host",

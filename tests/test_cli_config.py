@@ -567,7 +567,7 @@ def test_ctrl_c_at_the_prompt_interrupts_the_run(tmp_path, terminal_session):
     session.type("\x03")  # Ctrl-C, turned into SIGINT by the terminal
     code, stdout = session.finish(timeout=20)
     assert code == 130, session.screen
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 18  # finish() gives up at 20 s
     assert json.loads(stdout)["status"] == "interrupted"
     assert "Traceback" not in session.screen
     assert runs(tmp_path) == []

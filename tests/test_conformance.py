@@ -34,7 +34,9 @@ from conftest import (
     RAW_ASK,
     RUN_ID,
     TEST_LABEL,
+    bwrap_problem,
     engine_problem,
+    marked_processes,
     require,
     ssh_server_from_environment,
     ssh_server_from_service,
@@ -54,6 +56,11 @@ TARGETS = [
     ("local", "unix"),
     ("local", "relay"),
     ("local", "files"),
+    # The local backend with isolation bwrap: the script in its own pid, network and
+    # mount namespaces, the stage and its working directory the only places it writes.
+    ("local-bwrap", "unix"),
+    ("local-bwrap", "relay"),
+    ("local-bwrap", "files"),
     ("docker", "unix"),
     ("docker", "relay"),
     ("docker", "files"),
@@ -96,6 +103,11 @@ class Target:
     portal: Any
     options: dict[str, Any] = field(default_factory=dict)
     spill_dir: str | None = None
+    # A directory that the script and the tools both see at one path.
+    scratch: str = "/tmp"
+    # Whether the script runs in a pid namespace of its own (local under bwrap): the
+    # pids it sees are not the host's.
+    own_pids: bool = False
 
     def run(self, code: str, **options: Any) -> ExecutionResult:
         options.setdefault("timeout", TIMEOUT)
@@ -109,10 +121,27 @@ class Target:
 
     def alive(self, pids: list[int]) -> list[int]:
         """Those of ``pids`` still running inside the target."""
+        if self.own_pids:
+            return _alive_in_own_namespace(pids)
         command = "python3 -c " + _quote(ALIVE) + " " + " ".join(str(p) for p in pids)
         result = self.portal.call(self.environment.execute, command)
         assert result.exit_code == 0, result.output
         return [int(line) for line in result.output.split()]
+
+
+def _alive_in_own_namespace(pids: list[int]) -> list[int]:
+    """Those of ``pids``, as seen from inside a pid namespace, that are still running:
+    this test's processes on the host whose innermost pid (NSpid) is one of them."""
+    found = []
+    for host_pid in marked_processes():
+        try:
+            with open(f"/proc/{host_pid}/status") as f:
+                line = next(x for x in f if x.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if len(line.split()) > 2 and int(line.split()[-1]) in pids:
+            found.append(int(line.split()[-1]))
+    return sorted(found)
 
 
 def _quote(text: str) -> str:
@@ -259,6 +288,15 @@ def target(request: pytest.FixtureRequest, portal: Any, tmp_path: Path) -> Targe
     if backend == "local":
         held = request.getfixturevalue("held_local")
         return Target(backend, transport, held, portal, spill_dir=spill)
+    if backend == "local-bwrap":
+        require(bwrap_problem(), "the local-bwrap runs need bubblewrap")
+        held = request.getfixturevalue("held_local")
+        work = tmp_path / "work"
+        work.mkdir()
+        options = {"backend_options": {"isolation": "bwrap"}, "cwd": str(work)}
+        return Target(
+            "local", transport, held, portal, options, spill, scratch=str(work), own_pids=True
+        )
     environment, options = request.getfixturevalue(f"held_{backend}")
     return Target(backend, transport, environment, portal, options, spill_dir=spill)
 
@@ -314,6 +352,8 @@ def test_timeout_kills_the_whole_tree(target: Target) -> None:
     assert "timed out after 4s" in (result.error or "")
     pids = [int(p) for p in _lines(result)[0].split()]
     assert len(pids) == 3
+    if target.own_pids:  # else the check below would look for the wrong pids
+        assert max(pids) < 20, f"{pids}: not the pids of a namespace of its own"
     assert target.alive(pids) == [], f"{pids} survived the timeout in {target.backend}"
 
 
@@ -429,7 +469,9 @@ def test_script_errors_are_reported(target: Target, code: str, exit_code: int, e
 
 
 def test_tools_act_where_the_script_runs(target: Target) -> None:
-    name = f"/tmp/conformance-{uuid.uuid4().hex}"
+    # Under bwrap the script's /tmp is its own, while the tools act on the host: they
+    # meet in the working directory.
+    name = f"{target.scratch}/conformance-{uuid.uuid4().hex}"
     result = target.run(
         f"""
         import json

@@ -353,7 +353,7 @@ async def test_execute_timeout_kills_the_processes_inside(env: DockerEnvironment
     )
     assert result.timed_out and result.exit_code == 124
     assert result.output == "started\n"
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # the sleeps last 300 s
     for needle in ("sleep 300", "sleep 301", "sleep 302"):
         await assert_no_process(env, needle)
 
@@ -548,7 +548,7 @@ async def test_exec_stream_round_trip_latency(env: DockerEnvironment) -> None:
     samples.sort()
     median = samples[len(samples) // 2]
     print(f"\nexec stream echo round trip: median {median * 1e6:.0f} us")
-    assert median < 0.05  # a loose bound: only a broken stream is this slow
+    assert median < 0.25  # a loose bound (busy CI machines): only a broken stream is this slow
 
 
 @pytest.mark.anyio
@@ -948,22 +948,28 @@ def test_a_script_runs_in_the_container_and_its_tools_act_there(engine: Any, tmp
 def test_calls_from_a_script_in_a_container_overlap(engine: Any):
     result = docker_run(
         """
-        import threading, time
+        import threading
         from hermes_tools import terminal
         out = [None] * 6
+        # A barrier in the container: each call arrives, then waits (up to 60 s) until
+        # all six have arrived. Calls served one after another would each see only
+        # themselves, so the overlap is observed, not inferred from a clock.
         def call(i):
-            out[i] = terminal(f"sleep 1; echo {i}")["output"].strip()
-        start = time.monotonic()
+            out[i] = terminal(
+                f"mkdir -p /tmp/overlap && touch /tmp/overlap/{i}; "
+                "for n in $(seq 600); do [ $(ls /tmp/overlap | wc -l) -ge 6 ] && break; "
+                f"sleep 0.1; done; echo {i} $(ls /tmp/overlap | wc -l)",
+                timeout=120,
+            )["output"].strip()
         threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
         [t.start() for t in threads]
         [t.join() for t in threads]
-        print(out, round(time.monotonic() - start, 1))
-        """
+        print(out)
+        """,
+        timeout=180,
     )
     assert result.status == "success", result.to_dict()
-    listing, elapsed = result.output.rsplit(" ", 1)
-    assert listing == str([str(i) for i in range(6)])
-    assert float(elapsed) < 4.5  # six 1 s calls, overlapping (not 6 s in a row)
+    assert result.output.strip() == str([f"{i} 6" for i in range(6)])
 
 
 def test_a_timeout_kills_the_script_inside_the_container(engine: Any):

@@ -644,7 +644,7 @@ async def test_a_command_gets_end_of_input_at_once(
         started = time.monotonic()
         result = await env.execute("cat; echo read-to-the-end", timeout=20)
         assert result.output == "read-to-the-end\n" and not result.timed_out
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 18  # the command's own timeout is 20 s
 
 
 @pytest.mark.anyio
@@ -1031,27 +1031,30 @@ def test_output_caps_and_exit_codes_hold(
 def test_ten_threads_of_tool_calls_overlap(fake: FakeModal, options: dict[str, Any]) -> None:
     result = modal_run(
         """
-        import threading, time
+        import threading
         from hermes_tools import read_file, terminal, write_file
         out = [None] * 10
+        # Each command arrives at a barrier and waits (up to 60 s) for all ten: served
+        # one after another, each would see only itself. Overlap observed, not timed.
         def work(i):
             write_file(f"t{i}.txt", f"value {i}")
             text = read_file(f"t{i}.txt")["content"]
-            shell = terminal(f"sleep 1; cat t{i}.txt")["output"]
+            shell = terminal(
+                f"mkdir -p overlap && touch overlap/{i}; "
+                "for n in $(seq 600); do [ $(ls overlap | wc -l) -ge 10 ] && break; "
+                f"sleep 0.1; done; cat t{i}.txt; printf ' %s' $(ls overlap | wc -l)",
+                timeout=120,
+            )["output"]
             out[i] = (text, shell)
-        start = time.monotonic()
         threads = [threading.Thread(target=work, args=(i,)) for i in range(10)]
         [t.start() for t in threads]
         [t.join() for t in threads]
-        print(out == [(f"value {i}", f"value {i}") for i in range(10)])
-        print(round(time.monotonic() - start, 1))
+        print(out == [(f"value {i}", f"value {i} 10") for i in range(10)] or out)
         """,
         options,
     )
     assert result.status == "success", result.to_dict()
-    same, elapsed = result.output.splitlines()
-    assert same == "True"
-    assert float(elapsed) < 8  # ten 1 s commands overlapping, not 10 s in a row
+    assert result.output.strip() == "True"
     assert result.tool_calls_made == 30
 
 

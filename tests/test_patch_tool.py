@@ -7,7 +7,6 @@ test uses a local environment whose writes to one path fail, the way a full disk
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 import textwrap
@@ -16,9 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from patching import call, snapshot, v4a
 
 import hermes_sandbox.tools.patch_tool as patch_tool
 from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.tools.patch_format import parse_patch
+from hermes_sandbox.tools.patch_hunks import apply_hunks
+from hermes_sandbox.tools.patch_text import PatchError
 from hermes_sandbox.tools.registry import ToolContext, registry
 
 pytestmark = pytest.mark.anyio
@@ -40,21 +45,6 @@ def ctx(env: LocalEnvironment, tmp_path: Path) -> ToolContext:
     return ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
 
 
-async def call(ctx: ToolContext, **args: Any) -> dict[str, Any]:
-    return json.loads(await registry.adispatch("patch", args, ctx))
-
-
-def v4a(text: str) -> str:
-    return textwrap.dedent(text).lstrip("\n")
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under root, by relative path, with its bytes."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
 class FailingWrites(LocalEnvironment):
     """A local environment whose writes to one path fail with ENOSPC."""
 
@@ -68,6 +58,13 @@ class FailingWrites(LocalEnvironment):
         if path == self.failing_path:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         await super().write_bytes(path, data, make_parents=make_parents, mode=mode)
+
+
+async def call_with_a_failing_write(tmp_path: Path, failing: str, patch: str) -> dict[str, Any]:
+    """The patch tool's result when writing ``tmp_path / failing`` fails (a full disk)."""
+    async with FailingWrites(str(tmp_path / failing)) as env:
+        ctx = ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
+        return await call(ctx, patch=patch)
 
 
 def test_registered_in_the_file_toolset() -> None:
@@ -309,59 +306,62 @@ async def test_patch_is_the_default_mode_when_patch_is_given(
     assert (tmp_path / "a.txt").read_text() == "a\n"
 
 
-async def test_patch_hunks_anchors_and_end_of_file(ctx: ToolContext, tmp_path: Path) -> None:
+_CLASS_A_FIRST = """
+    @@ class A:
+    +    x = 0
+    @@ class B:
+    @@     def run(self):
+    -        return 1
+    +        return 2
+"""
+_CLASS_B_FIRST = """
+    @@ class B:
+    @@     def run(self):
+    -        return 1
+    +        return 2
+    @@ class A:
+    +    x = 0
+"""
+
+
+@pytest.mark.parametrize(
+    "hunks", [_CLASS_A_FIRST, _CLASS_B_FIRST], ids=["in-order", "out-of-order"]
+)
+async def test_patch_hunks_anchors_and_end_of_file(
+    ctx: ToolContext, tmp_path: Path, hunks: str
+) -> None:
     target = tmp_path / "m.py"
     target.write_text(
         "class A:\n    def run(self):\n        return 1\n\n"
         "class B:\n    def run(self):\n        return 1\n\n# end\n"
     )
-    result = await call(
-        ctx,
-        patch=v4a(
-            """
-            *** Begin Patch
-            *** Update File: m.py
-            @@ class B:
-            @@     def run(self):
-            -        return 1
-            +        return 2
-            @@ class A:
-            +    x = 0
-            @@
-            -# end
-            +# the end
-            *** End of File
-            *** End Patch
-            """
-        ),
+    body = textwrap.dedent(hunks).strip("\n")
+    text = (
+        "*** Begin Patch\n*** Update File: m.py\n"
+        + body
+        + "\n@@\n-# end\n+# the end\n*** End of File\n*** End Patch\n"
     )
-    # The third hunk's anchor "class A:" comes before hunk 1's match: hunks go in order.
-    assert "anchor" in result["error"] and "class A:" in result["error"]
-    result = await call(
-        ctx,
-        patch=v4a(
-            """
-            *** Begin Patch
-            *** Update File: m.py
-            @@ class A:
-            +    x = 0
-            @@ class B:
-            @@     def run(self):
-            -        return 1
-            +        return 2
-            @@
-            -# end
-            +# the end
-            *** End of File
-            *** End Patch
-            """
-        ),
-    )
+    # Nested anchors narrow the search to B's run(); "class A:" is found even when its
+    # hunk comes after a hunk further down the file (an anchor is a hint, not an order).
+    result = await call(ctx, patch=text)
     assert result["status"] == "ok", result
     assert target.read_text() == (
         "class A:\n    x = 0\n    def run(self):\n        return 1\n\n"
         "class B:\n    def run(self):\n        return 2\n\n# the end\n"
     )
+
+
+async def test_an_anchor_for_added_lines_alone_must_name_one_line(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    target = tmp_path / "m.py"
+    target.write_text("def f():\n    pass\n\ndef g():\n    pass\n")
+    for anchor, expected in (("def h", "was not found"), ("pass", "fits lines 2, 5")):
+        result = await call(
+            ctx, patch=f"*** Begin Patch\n*** Update File: m.py\n@@ {anchor} @@\n+x = 1\n"
+        )
+        assert expected in result["error"], result
+    assert target.read_text() == "def f():\n    pass\n\ndef g():\n    pass\n"
 
 
 async def test_patch_accepts_a_unified_diff_hunk_header(ctx: ToolContext, tmp_path: Path) -> None:
@@ -483,10 +483,10 @@ async def test_patch_reports_every_problem_at_once(ctx: ToolContext, tmp_path: P
     )
     error = result["error"]
     assert "4 problems" in error
-    assert "Add File exists.txt" in error and "already there" in error
+    assert "Add File exists.txt" in error and "already exists" in error
     assert "Update File missing.txt" in error and "File not found" in error
     assert "Delete File also-missing.txt" in error
-    assert "already changed by this patch" in error
+    assert "cannot move to taken.txt" in error
     assert snapshot(tmp_path) == before
 
 
@@ -522,30 +522,29 @@ async def test_a_failed_write_rolls_everything_back(tmp_path: Path) -> None:
     (tmp_path / "bye.txt").write_text("bye\n")
     (tmp_path / "three.txt").write_text("3\n")
     before = snapshot(tmp_path)
-    async with FailingWrites(str(tmp_path / "three.txt")) as env:
-        ctx = ToolContext(task_id="t", environment=env, cwd=str(tmp_path))
-        result = await call(
-            ctx,
-            patch=v4a(
-                """
-                *** Begin Patch
-                *** Add File: sub/added.txt
-                +added
-                *** Update File: one.txt
-                -1
-                +one
-                *** Update File: old name.txt
-                *** Move to: new 'name'.txt
-                -moved
-                +moved!
-                *** Delete File: bye.txt
-                *** Update File: three.txt
-                -3
-                +three
-                *** End Patch
-                """
-            ),
-        )
+    result = await call_with_a_failing_write(
+        tmp_path,
+        "three.txt",
+        v4a(
+            """
+            *** Begin Patch
+            *** Add File: sub/added.txt
+            +added
+            *** Update File: one.txt
+            -1
+            +one
+            *** Update File: old name.txt
+            *** Move to: new 'name'.txt
+            -moved
+            +moved!
+            *** Delete File: bye.txt
+            *** Update File: three.txt
+            -3
+            +three
+            *** End Patch
+            """
+        ),
+    )
     assert "three.txt" in result["error"] and "No space left" in result["error"]
     assert "rolled back" in result["error"]
     after = snapshot(tmp_path)
@@ -553,17 +552,85 @@ async def test_a_failed_write_rolls_everything_back(tmp_path: Path) -> None:
     assert not (tmp_path / "new 'name'.txt").exists()
 
 
+async def test_operations_on_one_file_are_played_in_order(ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "a.sh").write_text("echo a\n")
+    (tmp_path / "a.sh").chmod(0o750)
+    (tmp_path / "x.txt").write_text("x\n")
+    (tmp_path / "y.txt").write_text("y\n")
+    result = await call(
+        ctx,
+        patch=v4a(
+            """
+            *** Begin Patch
+            *** Move File: a.sh -> bin/a.sh
+            *** Update File: bin/a.sh
+            -echo a
+            +echo b
+            *** Move File: x.txt -> tmp.txt
+            *** Move File: y.txt -> x.txt
+            *** Move File: tmp.txt -> y.txt
+            *** Add File: new.txt
+            +1
+            *** Update File: new.txt
+            -1
+            +2
+            *** End Patch
+            """
+        ),
+    )
+    assert result["status"] == "ok", result
+    assert snapshot(tmp_path) == {
+        "bin/a.sh": b"echo b\n",
+        "x.txt": b"y\n",
+        "y.txt": b"x\n",
+        "new.txt": b"2\n",
+    }
+    # The moved file was renamed, not rewritten: it keeps its mode.
+    assert stat.S_IMODE((tmp_path / "bin" / "a.sh").stat().st_mode) == 0o750
+    assert "a.sh renamed to bin/a.sh unchanged\n--- a/bin/a.sh" in result["diff"]
+
+
+async def test_a_failed_write_rolls_back_a_move_and_a_replaced_file(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "b.txt").write_text("b\n")
+    (tmp_path / "c.txt").write_text("c\n")
+    before = snapshot(tmp_path)
+    result = await call_with_a_failing_write(
+        tmp_path,
+        "z.txt",
+        v4a(
+            """
+            *** Begin Patch
+            *** Delete File: b.txt
+            *** Move File: a.txt -> b.txt
+            *** Update File: b.txt
+            -a
+            +moved
+            *** Delete File: c.txt
+            *** Add File: c.txt
+            +new c
+            *** Add File: z.txt
+            +z
+            *** End Patch
+            """
+        ),
+    )
+    assert "z.txt" in result["error"] and "rolled back" in result["error"], result
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize(
     ("patch_text", "expected"),
     [
-        ("*** Add File: a.txt\n+a\n*** End Patch", "starts with the line '*** Begin Patch'"),
-        ("*** Begin Patch\n*** Add File: a.txt\n+a\n", "ends with the line '*** End Patch'"),
+        ("*** Begin Patch\n*** Add File: b.txt\n+b\n*** End Patch\n*** Add File: c.txt", "after"),
+        ("*** Delete File: a.txt\n*** Begin Patch\n*** Add File: b.txt\n+b\n", "before"),
+        ("*** Add File: b.txt\n+b\n*** Update File: a.txt\n-a\n+b\n x\n", "hunk 1"),
         ("*** Begin Patch\n*** End Patch", "changes no file"),
         ("*** Begin Patch\n*** Add File: a.txt\nno plus\n*** End Patch", "patch line 3"),
         ("*** Begin Patch\n*** Update File: a.txt\n*** End Patch", "has no hunks"),
         ("*** Begin Patch\n*** Update File: a.txt\n@@\n a\n*** End Patch", "changes nothing"),
         ("*** Begin Patch\n*** Update File: a.txt\n?a\n*** End Patch", "patch line 3"),
-        ("*** Begin Patch\n*** Frobnicate: a.txt\n*** End Patch", "expected '*** Add File:'"),
+        ("*** Begin Patch\n*** Frobnicate: a.txt\n*** End Patch", "a file header ('*** Add File:'"),
         ("*** Begin Patch\n*** Delete File: \n*** End Patch", "needs a path"),
         ("   ", "needs patch"),
     ],
@@ -602,6 +669,10 @@ async def test_a_hunk_that_misses_says_where_its_first_line_is(
         "*** Update File: ../victim.txt\n-victim\n+owned",
         "*** Delete File: ../victim.txt",
         "*** Update File: inside.txt\n*** Move to: ../moved.txt\n-inside\n+moved",
+        "*** Move File: inside.txt -> ../moved.txt",
+        "*** Move File: ../victim.txt -> stolen.txt",
+        "***Delete File: ../victim.txt",
+        "*** Move File: inside.txt -> {outside}/moved.txt",
         "*** Add File: {outside}/absolute.py\n+x",
         "*** Delete File: {outside}/victim.txt",
     ],
@@ -629,3 +700,51 @@ async def test_patch_headers_may_name_absolute_paths_inside_the_working_director
     result = await call(ctx, patch=text)
     assert result["status"] == "ok"
     assert (tmp_path / "sub" / "new.txt").read_text() == "x\n"
+
+
+# -- any text: a list of operations or a PatchError, nothing else -----------------------
+
+_PIECES = st.sampled_from(
+    [
+        "*** Begin Patch",
+        "*** End Patch",
+        "*** Add File: a.txt",
+        "*** Update File: a.txt",
+        "*** Delete File: a.txt",
+        "*** Move File: a.txt -> b.txt",
+        "*** Move to: c.txt",
+        "*** End of File",
+        "***Update File:",
+        "@@",
+        "@@ a @@",
+        "@@ -1,2 +1,2 @@ a",
+        "\\ No newline at end of file",
+        " a",
+        "-a",
+        "+a",
+        "a",
+        "",
+        "\r",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_PIECES | st.text(max_size=8), max_size=14),
+    st.lists(st.sampled_from(["a", " a", "a ", "b", "", "\ufeffa", "a\r"]), max_size=8),
+)
+def test_any_text_parses_or_is_refused_and_hunks_fit_or_are_refused(
+    pieces: list[str], file_lines: list[str]
+) -> None:
+    text = "\n".join(file_lines)
+    try:
+        operations = parse_patch("\n".join(pieces))
+    except PatchError:
+        return
+    for operation in operations:
+        try:
+            result = apply_hunks(text, operation.hunks)
+        except PatchError:
+            continue
+        assert isinstance(result, str)

@@ -478,7 +478,7 @@ async def test_header_over_default_cap_is_refused_without_reading_the_body(
         message = assert_error(await client.reply(), None, "frame_too_large")
         assert str(GiB) in message and str(4 * 1024 * 1024) in message
         assert await client.closed() == b""
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 10  # no wait for the body (read_reply's 2 s)
 
 
 @pytest.mark.anyio

@@ -658,7 +658,7 @@ async def test_a_cancelled_start_leaves_nothing(
     started = time.monotonic()
     with anyio.move_on_after(1.5) as scope:
         await env.start()
-    assert scope.cancelled_caught and time.monotonic() - started < 10
+    assert scope.cancelled_caught and time.monotonic() - started < 20  # the start takes 30 s
     (start,) = cli.calls_of("instance", "start")
     name = start[-1]
     assert ["apptainer", "instance", "stop", name] in cli.calls()

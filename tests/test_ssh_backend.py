@@ -371,7 +371,7 @@ async def test_a_server_that_does_not_answer_times_out(tmp_path: Path) -> None:
         started = time.monotonic()
         with pytest.raises(BackendNotAvailable, match=r"connect_timeout|handshake"):
             await SSHEnvironment(config).start()
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 15  # connect_timeout 0.5, not the default
 
 
 @pytest.mark.anyio
@@ -382,7 +382,7 @@ async def test_an_unreachable_host_is_clear() -> None:
     started = time.monotonic()
     with pytest.raises(BackendNotAvailable, match=r"192\.0\.2\.1:22"):
         await SSHEnvironment(config).start()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # connect_timeout 0.5, not the default
 
 
 # -- the environment on its own ----------------------------------------------------------------

@@ -16,7 +16,7 @@ import atexit
 import inspect
 import os
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -85,6 +85,11 @@ class _PortalThread:
             if not future.done():  # interrupted while waiting: do not leave the tool running
                 future.cancel()
 
+    def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any) -> Future[Any]:
+        """Start ``func(*args)`` on the portal; its result comes in the returned future
+        (whose ``cancel`` cancels it)."""
+        return self._running_portal().start_task_soon(func, *args)
+
     def stop(self) -> None:
         """Stop the portal, cancelling what still runs on it; a later run starts another."""
         with self._lock:
@@ -130,4 +135,7 @@ def run_awaitable(awaitable: Awaitable[Any]) -> Any:
     return portal.run(awaitable)
 
 
-__all__ = ["run_awaitable"]
+# For a caller that keeps loop-bound objects of its own on a loop of their own.
+PortalThread = _PortalThread
+
+__all__ = ["PortalThread", "run_awaitable"]

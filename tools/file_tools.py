@@ -26,7 +26,8 @@ READ_FILE_SCHEMA = {
     "description": (
         "Read a text file. Lines are 1-indexed: offset is the first line to return, limit "
         "how many. Returns {content, total_lines, offset, lines_returned, truncated}; when "
-        "truncated is true, continue from next_offset. Binary and device files are refused."
+        "truncated is true, continue from next_offset. Binary and device files are refused; "
+        "text that is not UTF-8 comes with a note."
     ),
     "parameters": {
         "type": "object",
@@ -122,7 +123,11 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
             f"{path} looks like a binary file; read_file returns text only "
             "(inspect it with terminal('file ...') or 'xxd ... | head')"
         )
-    lines = _split_lines(data.decode("utf-8", "replace"))
+    try:
+        text, lossy = data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, lossy = data.decode("utf-8", "replace"), True
+    lines = _split_lines(text)
     total = len(lines)
     chosen = lines[offset - 1 : offset - 1 + limit]
     content_parts: list[str] = []
@@ -147,11 +152,21 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
     }
     if result["truncated"]:
         result["next_offset"] = offset + returned
+    notes = []
+    if lossy:
+        # Said, not hidden: writing this text back would replace the file's bytes.
+        notes.append(
+            "the file is not valid UTF-8: bytes that are not were shown as U+FFFD, so "
+            "writing this content back with write_file would change them; edit it with "
+            "terminal (e.g. iconv, sed) instead"
+        )
     if cut_line is not None:
-        result["note"] = (
+        notes.append(
             f"line {cut_line} is longer than {MAX_RETURNED_CHARS:,} characters and was cut; "
             "read it with terminal(\"sed -n 'Np' FILE | cut -c1-...\")"
         )
+    if notes:
+        result["note"] = "; ".join(notes)
     return tool_result(result)
 
 

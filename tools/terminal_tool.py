@@ -26,8 +26,7 @@ TERMINAL_SCHEMA = {
         "Run a shell command in the foreground and wait for it. Returns {output, exit_code}: "
         "output is stdout and stderr together, its middle cut out past 50,000 characters. "
         "A command still running after timeout seconds is killed (exit_code 124, and "
-        "output ends with [Command timed out after Ns]). To run Python code, use "
-        "execute_code, not this tool. "
+        "output ends with [Command timed out after Ns]). "
         "Dangerous commands (recursive deletes of broad paths, writes to disks or /etc, "
         "piping downloads into a shell, stopping services...) need a human's approval: "
         'without it the result is {"error": ..., "approval_required": true}.'

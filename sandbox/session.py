@@ -1,0 +1,409 @@
+"""Sessions: one environment kept warm for many runs, and files moved in and out of it.
+
+:class:`AsyncSession` starts the environment once (the container, the instance, the SSH
+connection, this machine), makes a stage holding the stub files and a private
+workspace directory, and runs each script there; leaving it removes all of them.
+:class:`Session` is the same for synchronous code, on an event loop of its own, the
+way httpx pairs Client with AsyncClient. docs/sessions.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.from_thread
+
+from hermes_sandbox.environments import BackendSettings, Environment, Runtime
+from hermes_sandbox.errors import RunError
+from hermes_sandbox.result import ExecutionResult
+from hermes_sandbox.runner import (
+    Plan,
+    RunOptions,
+    Stage,
+    make_environment,
+    open_stage,
+    plan_run,
+    remove_stage,
+    run_in_stage,
+)
+from hermes_sandbox.streaming import OutputCallback
+from hermes_sandbox.tools.registry import ToolRegistry
+from hermes_sandbox.tools.toolsets import tools_for_run
+
+WORKSPACE_PREFIX = "hermes-session-"
+PERSISTENT_NOT_AVAILABLE = (
+    "persistent=True (an interpreter whose globals survive between runs) is not "
+    "available yet; a later release adds it. Use persistent=False: each run is a new "
+    "process in the same warm environment and workspace."
+)
+
+
+class AsyncSession:
+    """A warm sandbox for many runs; an async context manager.
+
+    ``backend``, ``tools``, ``toolsets``, ``timeout``, ``max_tool_calls``, ``cwd``,
+    ``env`` and the other keyword arguments (fields of
+    :class:`~hermes_sandbox.runner.RunOptions`) are the session's defaults, as for
+    :func:`~hermes_sandbox.execute_code`. Runs start in the session's
+    :attr:`workspace` unless ``cwd`` is given (or ``start_in_workspace`` is False:
+    then where a one-shot run starts, the backend's default directory). Runs in one
+    session are sequential: a call made while another is in progress raises
+    :class:`RunError` rather than wait.
+
+    Raises :class:`RunError` for options that make no sense (``persistent=True``
+    among them, for now) and :class:`~hermes_sandbox.environments.BackendError` when
+    the backend cannot be started.
+    """
+
+    def __init__(
+        self,
+        backend: str | BackendSettings = "local",
+        *,
+        tools: Sequence[str] | None = None,
+        toolsets: Sequence[str] | None = None,
+        persistent: bool = False,
+        start_in_workspace: bool = True,
+        timeout: float = 300,
+        max_tool_calls: int = 50,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        registry: ToolRegistry | None = None,
+        **options: Any,
+    ) -> None:
+        if persistent:
+            raise RunError(PERSISTENT_NOT_AVAILABLE)
+        if isinstance(tools, str) or isinstance(toolsets, str):
+            raise RunError('tools and toolsets are lists of names, not a string: ["terminal"]')
+        chosen = tools_for_run(tools, toolsets, registry)
+        run_options = RunOptions(
+            backend=backend,
+            tools=None if chosen is None else tuple(chosen),
+            timeout=timeout,
+            max_tool_calls=max_tool_calls,
+            cwd=cwd,
+            env=env,
+            **options,
+        )
+        if run_options.task_id is None:  # one task for all runs: tools keep their state
+            run_options = dataclasses.replace(run_options, task_id=uuid.uuid4().hex)
+        self._plan: Plan = plan_run(run_options, registry)
+        self._environment: Environment | None = None
+        self._stage: Stage | None = None
+        self._workspace: str | None = None
+        self._start_in_workspace = start_in_workspace
+        self._busy: str | None = None  # what is in progress
+        self._closed = False
+
+    # -- what a caller may look at ------------------------------------------------------
+
+    @property
+    def options(self) -> RunOptions:
+        """The session's run defaults, checked."""
+        return self._plan.options
+
+    @property
+    def environment(self) -> Environment | None:
+        """The started environment (its container id, instance name...), or None."""
+        return self._environment
+
+    @property
+    def workspace(self) -> str | None:
+        """The session's private directory in the environment, or None before start.
+        Runs start there (unless ``cwd`` says otherwise), and relative paths given to
+        :meth:`upload` and :meth:`download` are taken from it."""
+        return self._workspace
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the lifecycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the environment and make the stage and the workspace (done for you by
+        ``async with`` and by the first run). Raises RunError once closed."""
+        with self._exclusive("start"):
+            await self._start()
+
+    async def _start(self) -> None:
+        if self._environment is not None:
+            return
+        options = self._plan.options
+        environment, base_env = make_environment(options, options.env)
+        self._environment = environment
+        try:
+            runtime = await environment.start()
+            self._stage = await open_stage(runtime, self._plan, base_env)
+            self._workspace = await runtime.make_private_dir(WORKSPACE_PREFIX)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._stop()
+            raise
+
+    async def _stop(self) -> str | None:
+        """Remove the stage and the workspace, close the environment; what could not be
+        removed, if anything."""
+        environment, stage, workspace = self._environment, self._stage, self._workspace
+        self._environment = self._stage = self._workspace = None
+        problem = None
+        if environment is None:
+            return None
+        try:
+            if stage is not None:
+                problem = await remove_stage(stage.runtime, stage.path)
+            if workspace is not None and stage is not None:
+                problem = await remove_stage(stage.runtime, workspace) or problem
+        finally:
+            await environment.aclose()
+        return problem
+
+    async def reset(self) -> None:
+        """A fresh environment and workspace: everything the session held is removed
+        (its processes, files, the container or instance) and started anew."""
+        with self._exclusive("reset"):
+            with anyio.CancelScope(shield=True):
+                await self._stop()
+            await self._start()
+
+    async def aclose(self) -> None:
+        """Remove everything the session started. Idempotent; not cancellable. Raises
+        RunError while a run is in progress (interrupt or cancel it first)."""
+        if self._closed:
+            return
+        if self._busy is not None:
+            raise RunError(f"the session cannot close while a {self._busy} is in progress")
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._stop()
+
+    # -- runs and files -----------------------------------------------------------------
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        max_tool_calls: int | None = None,
+        cwd: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        interrupt: anyio.Event | None = None,
+    ) -> ExecutionResult:
+        """Run ``code`` in the warm environment and return its result, shaped as
+        :func:`~hermes_sandbox.execute_code`'s. ``timeout`` and ``max_tool_calls``
+        override the session's for this run. ``on_stdout`` and ``on_stderr`` get the
+        output as it is printed, in lines (see :mod:`sandbox.streaming`); the result
+        is capped as always. Raises RunError (bad options, a run already in
+        progress, a closed session) and BackendError."""
+        started = time.monotonic()
+        with self._exclusive("run"):
+            await self._start()
+            assert self._stage is not None and self._workspace is not None
+            changes: dict[str, Any] = {}
+            if timeout is not None:
+                changes["timeout"] = timeout
+            if max_tool_calls is not None:
+                changes["max_tool_calls"] = max_tool_calls
+            default = self._workspace if self._start_in_workspace else None
+            changes["cwd"] = cwd or self._plan.options.cwd or default
+            options = dataclasses.replace(self._plan.options, **changes).validate()
+            return await run_in_stage(
+                self._stage,
+                code,
+                self._plan,
+                options=options,
+                interrupt=interrupt,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                started=started,
+            )
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_path: str) -> str:
+        """Copy the file ``local_path`` into the environment at ``remote_path``
+        (relative: in the workspace), keeping its permission bits; return the path
+        written. The file is read whole into memory. Raises OSError (IsADirectoryError
+        for a directory) and BackendError."""
+        with self._exclusive("upload"):
+            await self._start()
+            runtime = self._runtime()
+            source = os.fspath(local_path)
+
+            def read() -> tuple[bytes, int]:
+                with open(source, "rb") as handle:
+                    return handle.read(), os.fstat(handle.fileno()).st_mode & 0o777
+
+            data, mode = await anyio.to_thread.run_sync(read)
+            target = self._remote(remote_path)
+            await runtime.write_bytes(target, data, mode=mode)
+            return target
+
+    async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> str:
+        """Copy the file ``remote_path`` (relative: in the workspace) out of the
+        environment to ``local_path``; return the local path. The file is read whole
+        into memory. Raises OSError (FileNotFoundError...) and BackendError."""
+        with self._exclusive("download"):
+            await self._start()
+            data = await self._runtime().read_bytes(self._remote(remote_path))
+            target = os.fspath(local_path)
+
+            def write() -> None:
+                with open(target, "wb") as handle:
+                    handle.write(data)
+
+            await anyio.to_thread.run_sync(write)
+            return target
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _runtime(self) -> Runtime:
+        assert self._stage is not None
+        return self._stage.runtime
+
+    def _remote(self, path: str) -> str:
+        if not path:
+            raise RunError("a path in the environment is needed, got an empty one")
+        assert self._workspace is not None
+        return posixpath.join(self._workspace, path)
+
+    def _exclusive(self, doing: str) -> _Exclusive:
+        return _Exclusive(self, doing)
+
+
+class _Exclusive:
+    """Marks the session busy for one operation; refuses a second one meanwhile."""
+
+    def __init__(self, session: AsyncSession, doing: str) -> None:
+        self._session = session
+        self._doing = doing
+
+    def __enter__(self) -> None:
+        session = self._session
+        if session._closed:
+            raise RunError("this session is closed; start a new one")
+        if session._busy is not None:
+            raise RunError(
+                f"a {session._busy} is in progress in this session: runs in one session are "
+                "sequential (wait for it, or use another session)"
+            )
+        session._busy = self._doing
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._session._busy = None
+
+
+class Session:
+    """:class:`AsyncSession` for synchronous code; a context manager.
+
+    It runs the async session on an event loop in a thread of its own; the output
+    callbacks are called in that thread. Every method blocks until done and takes
+    the arguments of its async twin; see :class:`AsyncSession` for them and the errors.
+    """
+
+    def __init__(
+        self,
+        backend: str | BackendSettings = "local",
+        *,
+        tools: Sequence[str] | None = None,
+        toolsets: Sequence[str] | None = None,
+        persistent: bool = False,
+        **options: Any,
+    ) -> None:
+        self._session = AsyncSession(
+            backend, tools=tools, toolsets=toolsets, persistent=persistent, **options
+        )
+        self._portal_cm: Any = None
+        self._portal: Any = None
+
+    @property
+    def options(self) -> RunOptions:
+        return self._session.options
+
+    @property
+    def environment(self) -> Environment | None:
+        return self._session.environment
+
+    @property
+    def workspace(self) -> str | None:
+        return self._session.workspace
+
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._portal is None:
+            if self._session.closed:
+                raise RunError("this session is closed; start a new one")
+            self._portal_cm = anyio.from_thread.start_blocking_portal()
+            self._portal = self._portal_cm.__enter__()
+        return self._portal.call(lambda: func(*args, **kwargs))
+
+    def start(self) -> None:
+        self._call(self._session.start)
+
+    def run(self, code: str, **kwargs: Any) -> ExecutionResult:
+        result: ExecutionResult = self._call(self._session.run, code, **kwargs)
+        return result
+
+    def upload(self, local_path: str | os.PathLike[str], remote_path: str) -> str:
+        return str(self._call(self._session.upload, local_path, remote_path))
+
+    def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> str:
+        return str(self._call(self._session.download, remote_path, local_path))
+
+    def reset(self) -> None:
+        self._call(self._session.reset)
+
+    def close(self) -> None:
+        """Remove everything the session started, and stop its event loop. Idempotent.
+        Raises RunError while a run (in another thread) is in progress."""
+        if self._portal is None:  # never started: nothing to remove, but closed all the same
+            self._session._closed = True
+            return
+        try:
+            self._portal.call(self._session.aclose)
+        except RunError:
+            raise  # a run in progress (in another thread): the session and its loop stay
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        portal_cm, self._portal, self._portal_cm = self._portal_cm, None, None
+        portal_cm.__exit__(None, None, None)
+
+
+__all__ = ["PERSISTENT_NOT_AVAILABLE", "AsyncSession", "Session"]

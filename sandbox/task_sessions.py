@@ -1,0 +1,159 @@
+"""The execute_code tool's warm sessions: one :class:`~hermes_sandbox.session.AsyncSession`
+per task id, as Hermes keeps one sandbox per task.
+
+A session's environment belongs to the event loop that started it (its processes,
+sockets and clients), while the tool is called from whatever loop or thread the agent
+uses. So the sessions live on an event loop of their own, in a daemon thread, and each
+call is handed to it. :func:`close_task_session` ends one task's session (call it when
+the task ends), :func:`close_all_sessions` every one; the latter also runs when the
+interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from hermes_sandbox.environments import BackendError
+from hermes_sandbox.result import ExecutionResult
+from hermes_sandbox.runner import RunOptions
+from hermes_sandbox.session import AsyncSession
+from hermes_sandbox.tools.async_bridge import PortalThread
+from hermes_sandbox.tools.registry import ToolRegistry
+
+T = TypeVar("T")
+
+_loop = PortalThread("hermes-sandbox-sessions")
+_all_lock = threading.Lock()
+_all: weakref.WeakSet[TaskSessions] = weakref.WeakSet()
+_exit_hook = False
+
+
+class TaskSessions:
+    """Warm sessions for the runs of one execute_code registration, by task id.
+
+    Calls for one task run one after another (a second waits for the first); calls
+    for different tasks run at once. A run that fails with a BackendError (the
+    sandbox went away) closes its task's session: the next call starts a new one.
+    """
+
+    def __init__(self, options: RunOptions, registry: ToolRegistry) -> None:
+        self._options = options
+        self._registry = registry
+        self._sessions: dict[str, AsyncSession] = {}
+        self._locks: dict[str, anyio.Lock] = {}  # used on the sessions' loop only
+        global _exit_hook
+        with _all_lock:
+            _all.add(self)
+            if not _exit_hook:
+                # Registered after the loop's own exit hook would be (first use starts
+                # it), so this one runs first: sessions close while their loop runs.
+                _loop.run(anyio.lowlevel.checkpoint())
+                atexit.register(close_all_sessions)
+                _exit_hook = True
+
+    @property
+    def task_ids(self) -> list[str]:
+        """The tasks that have a session now."""
+        return list(self._sessions)
+
+    async def run(self, task_id: str, code: str, *, reset: bool = False) -> ExecutionResult:
+        """Run ``code`` in ``task_id``'s session (started if it has none; made anew
+        first when ``reset``). Raises RunError and BackendError as a run does."""
+        return await _on_loop(self._run, task_id, code, reset)
+
+    async def _run(self, task_id: str, code: str, reset: bool) -> ExecutionResult:
+        lock = self._locks.setdefault(task_id, anyio.Lock())
+        async with lock:
+            session = self._sessions.get(task_id)
+            if session is None:
+                session = AsyncSession(
+                    self._options.backend,
+                    registry=self._registry,
+                    start_in_workspace=False,  # where a one-shot run starts, as before
+                    **_session_fields(self._options, task_id),
+                )
+                self._sessions[task_id] = session
+            elif reset:
+                await session.reset()
+            try:
+                return await session.run(code)
+            except BackendError:
+                await self._close(task_id)
+                raise
+
+    async def _close(self, task_id: str) -> bool:
+        session = self._sessions.pop(task_id, None)
+        self._locks.pop(task_id, None)
+        if session is None:
+            return False
+        await session.aclose()
+        return True
+
+    def close(self, task_id: str) -> bool:
+        """Close ``task_id``'s session and remove all it holds; whether there was one.
+        Waits for a run of the task in progress to end."""
+        return bool(_loop.run(self._close_waiting(task_id)))
+
+    async def _close_waiting(self, task_id: str) -> bool:
+        lock = self._locks.get(task_id)
+        if lock is None:
+            return await self._close(task_id)
+        async with lock:
+            return await self._close(task_id)
+
+    def close_all(self) -> None:
+        """Close every session of this registration."""
+        for task_id in list(self._sessions):
+            self.close(task_id)
+
+
+def _session_fields(options: RunOptions, task_id: str) -> dict[str, Any]:
+    """The RunOptions fields an AsyncSession takes as keywords, the task's id set."""
+    fields = {
+        name: getattr(options, name)
+        for name in RunOptions.__dataclass_fields__
+        if name not in ("backend", "tools")
+    }
+    fields["task_id"] = task_id
+    return {**fields, "tools": options.tools}
+
+
+async def _on_loop(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``await func(*args)`` on the sessions' loop, from any loop or thread. Cancelling
+    the caller cancels it there too (a run then kills its script), and waits for that."""
+    future: concurrent.futures.Future[T] = _loop.start_soon(func, *args)
+    try:
+        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        future.cancel()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(concurrent.futures.wait, [future])
+        raise
+
+
+def close_task_session(task_id: str) -> bool:
+    """Close the sessions ``task_id`` has in every execute_code registration, removing
+    everything they started (processes, stage, workspace, container, instance); whether
+    there was one. Call it when a task ends. Blocks; safe from any thread."""
+    with _all_lock:
+        owners = list(_all)
+    return any([owner.close(task_id) for owner in owners])
+
+
+def close_all_sessions() -> None:
+    """Close every task's session (at host shutdown; also run at interpreter exit)."""
+    with _all_lock:
+        owners = list(_all)
+    for owner in owners:
+        owner.close_all()
+
+
+__all__ = ["TaskSessions", "close_all_sessions", "close_task_session"]
