@@ -248,7 +248,7 @@ def test_verbose_says_what_the_runtime_does(project: Path) -> None:
         "starting the local backend",
         "backend started in",
         "tool calls take the unix transport",
-        "staged the run in",
+        "staged the script in",
         "the script ended (success) after",
     ):
         assert words in done.stderr
