@@ -151,6 +151,9 @@ class FileChannel:
         return proc if os.path.isdir(proc) else self._directory
 
     async def _in_thread(self, function: Any, *args: Any) -> Any:
+        # Never abandoned on cancel (unlike a tool's thread): each operation is bounded
+        # (nothing here opens a file that can block), and the directory handle it uses
+        # is closed only after every one of them has returned, never under it.
         return await anyio.to_thread.run_sync(function, *args, limiter=self._limiter)
 
     # -- files (called in worker threads) ----------------------------------------------
@@ -420,7 +423,10 @@ async def serve_files(server: RPCServer, directory: str) -> AsyncIterator[FileCh
             try:
                 yield channel
             finally:
-                tasks.cancel_scope.cancel()
+                try:
+                    await server.drain()
+                finally:
+                    tasks.cancel_scope.cancel()
     finally:
         channel.close()
 

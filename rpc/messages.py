@@ -66,6 +66,15 @@ _NESTED = frozenset(
 )
 
 
+# What a request's arguments may hold (decode_args): values in all, map keys and
+# containers counted, and levels of nesting. Far above any tool's needs; they bound
+# what one frame can cost the host after its token is checked.
+MAX_ARG_VALUES = 65_536
+MAX_ARG_DEPTH = 256
+_MAPS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+_ARRAYS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """A request map read without decoding its arguments (they stay msgpack bytes)."""
@@ -142,15 +151,61 @@ class Envelope:
             raise CallRefused(UNAUTHORIZED, "Unauthorized RPC request: no token")
         if not token or not hmac.compare_digest(self.token.encode("utf-8", "surrogatepass"), token):
             raise CallRefused(UNAUTHORIZED, "Unauthorized RPC request: bad token")
-        args: Any = {}
-        if self.args is not None:
-            try:
-                args = msgpack.unpackb(self.args, raw=False, strict_map_key=False, max_ext_len=0)
-            except Exception as exc:
-                raise FrameError(f"request 'args' is not valid msgpack: {exc}") from exc
+        args: Any = {} if self.args is None else decode_args(self.args)
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
             raise CallRefused(BAD_REQUEST, "request 'args' must be a map with string keys")
         return Request(request_id, tool, args, self.token)
+
+
+def decode_args(data: bytes | memoryview) -> Any:
+    """Decode a request's arguments at a cost bounded whatever the bytes hold.
+
+    msgpack builds every value it reads, so a few MiB of empty arrays once cost ~75x
+    their size and seconds of the event loop. Here each container's length is counted
+    against :data:`MAX_ARG_VALUES` before any of its values is built, and nesting stops
+    at :data:`MAX_ARG_DEPTH`; strings and other scalars are built by msgpack (each at
+    most the frame's size). Raises :class:`CallRefused` (``bad_request``) past a limit,
+    :class:`FrameError` for bytes that are not one msgpack value.
+    """
+    try:
+        if len(data) <= MAX_ARG_DEPTH:
+            # Each value and each level of nesting takes a byte at least: these bytes
+            # cannot pass either limit, so msgpack may build them at once (the fast path
+            # of small calls).
+            return msgpack.unpackb(data, raw=False, strict_map_key=False, max_ext_len=0)
+        unpacker = msgpack.Unpacker(
+            raw=False, max_buffer_size=len(data), max_ext_len=0, strict_map_key=False
+        )
+        unpacker.feed(data)
+        return _read_value(unpacker, memoryview(data), [MAX_ARG_VALUES], 0)
+    except CallRefused:
+        raise
+    except Exception as exc:  # msgpack's several types, an unhashable key
+        raise FrameError(f"request 'args' is not valid msgpack: {exc}") from exc
+
+
+def _read_value(unpacker: msgpack.Unpacker, view: memoryview, left: list[int], depth: int) -> Any:
+    """One value of :func:`decode_args`; ``left`` is the count of values still allowed.
+    (A module function, not a closure: a closure calling itself is a reference cycle
+    that would keep every request's unpacker alive until the garbage collector runs.)"""
+    first = view[unpacker.tell()]
+    is_map = first in _MAPS
+    if not is_map and first not in _ARRAYS:
+        return unpacker.unpack()  # a scalar: at most the frame's size
+    if depth >= MAX_ARG_DEPTH:
+        raise CallRefused(BAD_REQUEST, f"request 'args' nest deeper than {MAX_ARG_DEPTH} levels")
+    size = unpacker.read_map_header() if is_map else unpacker.read_array_header()
+    left[0] -= size * 2 if is_map else size
+    if left[0] < 0:
+        raise CallRefused(BAD_REQUEST, f"request 'args' hold more than {MAX_ARG_VALUES} values")
+    depth += 1
+    if not is_map:
+        return [_read_value(unpacker, view, left, depth) for _ in range(size)]
+    mapping = {}
+    for _ in range(size):
+        key = _read_value(unpacker, view, left, depth)
+        mapping[key] = _read_value(unpacker, view, left, depth)
+    return mapping
 
 
 @dataclass(frozen=True, slots=True)

@@ -265,10 +265,13 @@ class RelaySession:
                 try:
                     yield self
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        if not self._exited.is_set():
-                            await self.kill(0)
-                    tasks.cancel_scope.cancel()
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            if not self._exited.is_set():
+                                await self.kill(0)
+                        await self._server.drain()
+                    finally:
+                        tasks.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._channel.aclose()

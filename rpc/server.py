@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from hermes_sandbox import threads
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused, FrameError, FrameTooLarge
 from hermes_sandbox.rpc.framing import (
@@ -94,6 +95,9 @@ class RPCServer:
         )
         self.connections = 0
         self.buffered = 0  # bytes of unfinished frames held by all connections
+        self._calls = 0  # requests whose handler is running (reply_later)
+        self._idle: anyio.Event | None = None  # set when they are done, or abandoned
+        self._abandoned = False
 
     # -- one request -------------------------------------------------------------------
 
@@ -123,14 +127,41 @@ class RPCServer:
         return None if result is None else messages.result_reply(request.id, result)
 
     async def reply_later(self, request: Request) -> Reply:
-        """The reply to ``request``, waiting for its tool as long as it takes."""
+        """The reply to ``request``, waiting for its tool as long as it takes (the
+        transport cancels it after :meth:`drain` when the run ends)."""
+        self._calls += 1
         try:
             result = await self._handler(request)
         except CallRefused as exc:
             return messages.error_reply(request.id, exc.kind, exc.message)
         except Exception as exc:
             return _internal_error(request, exc)
+        finally:
+            self._calls -= 1
+            if not self._calls and self._idle is not None:
+                self._idle.set()
         return messages.result_reply(request.id, result)
+
+    async def drain(self) -> None:
+        """Wait for the calls in flight to answer, at most
+        :data:`~hermes_sandbox.threads.TOOL_CALL_DRAIN_SECONDS`, and not at all after
+        :meth:`abandon`.
+
+        Every transport calls it when the run ends, then cancels what is still running:
+        an async tool is cancelled, a sync tool's thread abandoned (it cannot be
+        stopped). So a tool that blocks holds a run past its end by this bound at most.
+        """
+        if self._abandoned or not self._calls:
+            return
+        self._idle = anyio.Event()
+        with anyio.move_on_after(threads.TOOL_CALL_DRAIN_SECONDS):
+            await self._idle.wait()
+
+    def abandon(self) -> None:
+        """Make :meth:`drain` wait no more (the run was interrupted: end it now)."""
+        self._abandoned = True
+        if self._idle is not None:
+            self._idle.set()
 
     @staticmethod
     def framing_refusal(exc: FrameError) -> Reply:

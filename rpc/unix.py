@@ -76,7 +76,10 @@ async def serve_unix_socket(
             try:
                 yield path
             finally:
-                tasks.cancel_scope.cancel()
+                try:
+                    await server.drain()
+                finally:
+                    tasks.cancel_scope.cancel()
     finally:
         listener.close()
         try:

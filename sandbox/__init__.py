@@ -17,7 +17,14 @@ whose schema lists them for the model. The layers are subpackages
 ``hermes_sandbox.stubs``).
 """
 
+from hermes_sandbox.agent_loop import AgentLoop, ChildTask, ChildToolbox, FunctionLoop
 from hermes_sandbox.api import execute_code, execute_code_async
+from hermes_sandbox.delegation import (
+    AsyncDelegationHost,
+    DelegationHost,
+    DelegationResult,
+    register_delegate_task,
+)
 from hermes_sandbox.environments import (
     BackendSettings,
     DaytonaSettings,
@@ -27,9 +34,10 @@ from hermes_sandbox.environments import (
     SingularitySettings,
     SSHSettings,
 )
-from hermes_sandbox.errors import ConfigError, SandboxError, SettingError
+from hermes_sandbox.errors import AgentLoopError, ConfigError, SandboxError, SettingError
 from hermes_sandbox.execute_code_tool import register_execute_code
-from hermes_sandbox.gate import ToolCallBudget
+from hermes_sandbox.gate import Budget, ToolCallBudget
+from hermes_sandbox.openai_loop import OpenAIChatLoop
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import RunError, RunOptions, run_code
 from hermes_sandbox.session import AsyncSession, Session
@@ -46,15 +54,25 @@ from hermes_sandbox.tools.registry import (
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AgentLoop",
+    "AgentLoopError",
     "ApprovalPolicy",
+    "AsyncDelegationHost",
     "AsyncSession",
     "BackendSettings",
+    "Budget",
+    "ChildTask",
+    "ChildToolbox",
     "ConfigError",
     "DaytonaSettings",
+    "DelegationHost",
+    "DelegationResult",
     "DockerSettings",
     "ExecutionResult",
+    "FunctionLoop",
     "LocalSettings",
     "ModalSettings",
+    "OpenAIChatLoop",
     "RunError",
     "RunOptions",
     "SSHSettings",
@@ -68,6 +86,7 @@ __all__ = [
     "__version__",
     "execute_code",
     "execute_code_async",
+    "register_delegate_task",
     "register_execute_code",
     "registry",
     "run_code",

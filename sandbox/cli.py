@@ -25,6 +25,7 @@ from typing import Any, NoReturn, TextIO
 import anyio
 
 from hermes_sandbox import __version__
+from hermes_sandbox.cli_delegate import add_delegate_command, run_delegate_command
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.environments.settings import PROGRESS_LOGGER
@@ -331,44 +332,35 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
-    run = commands.add_parser(
-        "run",
-        parents=[tool_args],
-        help="run a script",
-        description="Run a script as python would: arguments after -- reach its sys.argv, "
-        "piped standard input reaches its stdin, and its directory is on its sys.path.",
-        usage="%(prog)s [options] SCRIPT [-- ARG...]",
-    )
-    run.add_argument("script", help="the script to run, or - to read it from standard input")
-    # What follows -- is the script's sys.argv[1:], taken off before parsing (main).
-    run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    # The options of a run, shared by run and delegate.
+    run_args = argparse.ArgumentParser(add_help=False)
     # Defaults of None: "not given", so the config file's value applies.
-    run.add_argument(
+    run_args.add_argument(
         "--timeout",
         type=float,
         metavar="SECONDS",
         help="wall-clock limit (default: the config's limits.timeout, else 300)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--max-tool-calls",
         type=int,
         metavar="N",
         help="tool-call budget (default: the config's limits.max_tool_calls, else 50)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--max-output-bytes",
         type=int,
         metavar="N",
         help="how much of the script's stdout the result keeps, head and tail (default: "
         "the config's limits.max_stdout_bytes, else 50000); the rest goes to a spill file",
     )
-    run.add_argument("--cwd", metavar="DIR", help="working directory of the script")
-    run.add_argument(
+    run_args.add_argument("--cwd", metavar="DIR", help="working directory of the script")
+    run_args.add_argument(
         "--backend",
         metavar="NAME",
         help=f"where the script runs: {', '.join(BACKENDS)} (default: the config's, else local)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--transport",
         choices=["auto", *TRANSPORTS],
         default="auto",
@@ -376,13 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
         "socket in a directory shared with the sandbox, request files there, or the "
         "stream relay over the backend's exec stream",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--image",
         metavar="IMAGE",
         help="the image of a backend that runs one (each says which of its settings this "
         "is); it needs a python3 with its standard library",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--backend-option",
         "-o",
         action="append",
@@ -392,20 +384,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. -o memory=2g -o cpus=2); the value is read by the "
         "setting's type (none unsets; lists and mappings as YAML)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--network",
         action="store_true",
         help="give a sandbox network access, for a backend that can block it (default: "
         "none, loopback only; on local, under bwrap)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--isolation",
         metavar="auto|bwrap|none",
         help="how the local backend contains the script: under bubblewrap (bwrap), or "
         "not at all (none); auto: bwrap where it works (default: the config's "
         "backends.local.isolation, else $HERMES_SANDBOX_ISOLATION, else auto)",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--env",
         action="append",
         default=[],
@@ -413,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pass a variable to the script (its environment is scrubbed otherwise); "
         "added to the config's env",
     )
-    run.add_argument(
+    run_args.add_argument(
         "--allow-command",
         action="append",
         default=[],
@@ -421,6 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a dangerous terminal command for this run, as an entry of the config's "
         "approvals.allowlist: an exact command, or re:REGEX; repeatable",
     )
+
+    run = commands.add_parser(
+        "run",
+        parents=[tool_args, run_args],
+        help="run a script",
+        description="Run a script as python would: arguments after -- reach its sys.argv, "
+        "piped standard input reaches its stdin, and its directory is on its sys.path.",
+        usage="%(prog)s [options] SCRIPT [-- ARG...]",
+    )
+    run.add_argument("script", help="the script to run, or - to read it from standard input")
+    # What follows -- is the script's sys.argv[1:], taken off before parsing (main).
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_delegate_command(commands, [tool_args, run_args])
 
     commands.add_parser(
         "stub",
@@ -568,8 +573,6 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         workspace_root=config.workspace_root,
         approval=_approval_policy(args, config),
         transport=args.transport,
-        script_path=None if args.script == "-" else args.script,
-        argv=args.script_args,
     )
 
 
@@ -577,6 +580,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _prepare(args)
     options = _run_options(args, config)
     code = _read_script(args.script)
+    options = dataclasses.replace(
+        options,
+        script_path=None if args.script == "-" else args.script,
+        argv=args.script_args,
+    )
     stdin_fd = None if args.script == "-" else _piped_stdin()
     if stdin_fd is not None:
         try:
@@ -733,6 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tools": _cmd_tools,
         "schema": _cmd_schema,
         "backends": _cmd_backends,
+        "delegate": run_delegate_command,
     }
     try:
         return handlers[args.command](args)

@@ -9,6 +9,8 @@
     │                                one backend setting refused (which one: ``field``)
     ├── RunError                     a run that cannot start as asked (bad tools, cwd, limits)
     ├── UsageError                   bad input on the command line
+    ├── AgentLoopError               a delegated child's agent loop could not finish (its
+    │                                model endpoint failed, answered garbage, ran out of turns)
     ├── ToolsetError (ValueError)    a toolset that does not exist or cannot be used as asked
     ├── ToolModuleError              a tools module that cannot be found or imported
     ├── StubError (ValueError)       a tool schema that cannot become a stub function
@@ -80,6 +82,11 @@ class RunError(SandboxError):
 
 class UsageError(SandboxError):
     """Bad input on the command line; printed as one line, exit code 2."""
+
+
+class AgentLoopError(SandboxError):
+    """A delegated child's agent loop could not finish; the message says why. The
+    child's result then has status ``error`` and this message as its error."""
 
 
 class ToolsetError(SandboxError, ValueError):
@@ -171,6 +178,7 @@ class PathRefused(ToolError):
 
 
 __all__ = [
+    "AgentLoopError",
     "BackendError",
     "BackendNotAvailable",
     "CallRefused",

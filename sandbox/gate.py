@@ -1,8 +1,9 @@
-"""What stands between a request and a tool: the allowlist and the call budget."""
+"""What stands between a request and a tool: the allowlist and the budget."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 
 from hermes_sandbox.rpc import CallRefused, Request
@@ -10,42 +11,124 @@ from hermes_sandbox.rpc import messages as kinds
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 
 
-class ToolCallBudget:
-    """A count of tool calls that may still be made.
+class Budget:
+    """What a run or an agent may still spend: tool calls, wall time and output bytes.
 
-    A budget may draw on a ``parent`` too (a delegated child charged to its parent):
-    a call is allowed only when every budget up the chain has room, and then charges
-    them all. Thread-safe.
+    ``limit`` is the number of tool calls; ``timeout`` (seconds from now) and
+    ``max_output_bytes`` are unbounded when None. A budget may draw on a ``parent`` (a
+    delegated child charged to its parent, a script charged to its agent): a spend is
+    allowed only when every budget up the chain has room, and then charges them all, so
+    a child never spends more than its parent has left. Thread-safe.
     """
 
-    def __init__(self, limit: int, parent: ToolCallBudget | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        parent: Budget | None = None,
+        *,
+        timeout: float | None = None,
+        max_output_bytes: int | None = None,
+    ) -> None:
         if limit < 0:
             raise ValueError("a tool-call budget cannot be negative")
+        if timeout is not None and timeout < 0:
+            raise ValueError("a time budget cannot be negative")
+        if max_output_bytes is not None and max_output_bytes < 0:
+            raise ValueError("an output budget cannot be negative")
         self.limit = limit
         self.used = 0
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.max_output_bytes = max_output_bytes
+        self.output_used = 0
         self.parent = parent
         self._lock = threading.Lock()
 
-    def _chain(self) -> list[ToolCallBudget]:
-        chain, node = [], self
+    def _chain(self) -> list[Budget]:
+        chain: list[Budget] = []
+        node: Budget | None = self
         while node is not None:
             chain.append(node)
             node = node.parent
         return chain
 
-    def try_spend(self) -> bool:
+    def _spend(self, calls: int, output: int) -> bool:
         chain = self._chain()
         for budget in chain:
             budget._lock.acquire()
         try:
-            if any(b.used >= b.limit for b in chain):
-                return False
-            for budget in chain:
-                budget.used += 1
+            for b in chain:
+                if calls and b.used + calls > b.limit:
+                    return False
+                if b.max_output_bytes is not None and b.output_used + output > b.max_output_bytes:
+                    return False
+            for b in chain:
+                b.used += calls
+                b.output_used += output
             return True
         finally:
             for budget in reversed(chain):
                 budget._lock.release()
+
+    def try_spend(self) -> bool:
+        """Charge one tool call up the chain; False (nothing charged) when one is spent."""
+        return self._spend(1, 0)
+
+    def try_spend_output(self, size: int) -> bool:
+        """Charge ``size`` bytes of output up the chain; False (nothing charged) when
+        they do not fit in what is left."""
+        return self._spend(0, size)
+
+    def remaining_calls(self) -> int:
+        """Tool calls that may still be made: the least left anywhere up the chain."""
+        return min(b.limit - b.used for b in self._chain())
+
+    def remaining_time(self) -> float | None:
+        """Seconds left before the nearest deadline up the chain (0 when one passed);
+        None when no budget in the chain has one."""
+        deadlines = [b.deadline for b in self._chain() if b.deadline is not None]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def remaining_output(self) -> int | None:
+        """Output bytes that may still be produced; None when unbounded."""
+        left = [
+            b.max_output_bytes - b.output_used
+            for b in self._chain()
+            if b.max_output_bytes is not None
+        ]
+        return min(left) if left else None
+
+    def exhausted(self) -> str | None:
+        """Which part of the budget is spent ("tool calls", "time", "output"), or None."""
+        if self.remaining_calls() <= 0:
+            return "tool calls"
+        if self.remaining_time() == 0:
+            return "time"
+        if self.remaining_output() == 0:
+            return "output"
+        return None
+
+    def child(
+        self,
+        max_tool_calls: int | None = None,
+        *,
+        timeout: float | None = None,
+        max_output_bytes: int | None = None,
+    ) -> Budget:
+        """A budget drawn from this one: each limit as asked, or all that is left; what
+        the child spends is charged here too, and it can never spend more than is left."""
+        calls = self.remaining_calls() if max_tool_calls is None else max_tool_calls
+        left = self.remaining_time()
+        if timeout is None or (left is not None and left < timeout):
+            timeout = left
+        return Budget(
+            max(0, calls), parent=self, timeout=timeout, max_output_bytes=max_output_bytes
+        )
+
+
+# The name this budget had when it counted tool calls only.
+ToolCallBudget = Budget
 
 
 class ToolGate:
@@ -55,7 +138,7 @@ class ToolGate:
         self,
         registry: ToolRegistry,
         allowed: Iterable[str],
-        budget: ToolCallBudget,
+        budget: Budget,
         context: ToolContext,
     ) -> None:
         self._registry = registry

@@ -32,7 +32,7 @@ from hermes_sandbox.environments import (
 )
 from hermes_sandbox.environments.settings import api_place
 from hermes_sandbox.errors import RunError
-from hermes_sandbox.gate import ToolCallBudget, ToolGate
+from hermes_sandbox.gate import Budget, ToolGate
 from hermes_sandbox.hints import failure_hint
 from hermes_sandbox.output import (
     MAX_SPILL_BYTES,
@@ -107,7 +107,8 @@ class RunOptions:
     # Fields of the backend's settings (image, limits, mounts... for docker), as plain data.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
-    budget: ToolCallBudget | None = field(default=None, compare=False)
+    # The run's calls are charged to ``budget`` too, and it ends by the budget's deadline.
+    budget: Budget | None = field(default=None, compare=False)
     approval: Any = field(default=None, compare=False)  # tools.approval.ApprovalPolicy
 
     @property
@@ -490,7 +491,11 @@ async def run_in_stage(
     if not isinstance(code, str):
         raise RunError(f"code must be a string, got {type(code).__name__}")
     runtime = stage.runtime
-    budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
+    budget = Budget(options.max_tool_calls, parent=options.budget)
+    if options.budget is not None:
+        left = options.budget.remaining_time()
+        if left is not None and left < options.timeout:
+            options = replace(options, timeout=max(left, 0.001))
     await anyio.to_thread.run_sync(
         sweep_spill_dir, options.spill_dir or default_spill_dir(), options.spill_retention
     )
@@ -548,6 +553,8 @@ async def run_in_stage(
                     on_stdout=on_stdout,
                     on_stderr=on_stderr,
                 )
+                if status == "interrupted":
+                    server.abandon()  # end now: no drain of the calls in flight
                 lost = getattr(process, "lost", None)
             log.info("the script ended (%s) after %.2fs", status, _since(clock))
         except TransportUnavailable as exc:

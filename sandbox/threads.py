@@ -6,6 +6,7 @@ block: a file swapped for a named pipe between the check and the open once held 
 40 threads, and the kill, which also needs a thread, waited forever. So blocking work
 that a tool call starts runs on :func:`tool_limiter`, and killing a run's processes on
 :func:`kill_limiter`; neither ever waits for the other, nor for anyio's default pool.
+This module imports nothing of the package, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ TOOL_THREADS = 16
 
 KILL_THREADS = 8
 """Worker threads for finding and killing a run's processes, per event loop."""
+
+TOOL_CALL_DRAIN_SECONDS = 10.0
+"""How long the end of a run waits for the tool calls still in flight to answer before
+it abandons them (:meth:`hermes_sandbox.rpc.RPCServer.drain`): a tool that blocks
+cannot hold a run past its timeout by more than this."""
 
 _TOOL_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("hermes_sandbox_tool_limiter")
 _KILL_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("hermes_sandbox_kill_limiter")

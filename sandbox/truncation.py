@@ -111,6 +111,29 @@ def decode_tail_within(data: bytes, budget: int) -> tuple[str, int]:
     return _fit(data, budget, from_start=False)
 
 
+def cut_middle_encoded(text: str, limit: int, *, head_share: float = HEAD_SHARE) -> str:
+    """``text`` cut like :func:`cut_middle`, but so that its :func:`encoded_size`, not its
+    length in characters, is at most ``limit`` (marker included).
+
+    For text decoded from a process's bytes: each undecodable byte became U+FFFD (3
+    bytes) and each control byte costs a 6-byte escape in JSON, so a cap in characters
+    would let such output take 3x to 6x the room it is given. The omitted count is in
+    characters.
+    """
+    if encoded_size(text) <= limit:
+        return text
+    keep = limit - len(omission_marker(len(text)))  # the longest marker this text can need
+    if keep <= 0:
+        return decode_head_within(text.encode("utf-8", "surrogatepass")[:limit], limit)[0]
+    head_budget = int(keep * head_share)
+    tail_budget = keep - head_budget
+    # Each byte shown costs at least one byte of encoded size: no more is ever needed.
+    data = text.encode("utf-8", "surrogatepass")
+    head, _ = decode_head_within(data[:head_budget], head_budget)
+    tail, _ = decode_tail_within(data[len(data) - tail_budget :], tail_budget)
+    return head + omission_marker(len(text) - len(head) - len(tail)) + tail
+
+
 def _fit(data: bytes, budget: int, *, from_start: bool) -> tuple[str, int]:
     def piece(n: int) -> bytes:
         if from_start:
@@ -134,6 +157,7 @@ def _fit(data: bytes, budget: int, *, from_start: bool) -> tuple[str, int]:
 __all__ = [
     "HEAD_SHARE",
     "cut_middle",
+    "cut_middle_encoded",
     "decode_ends",
     "decode_head_within",
     "decode_tail_within",

@@ -40,7 +40,7 @@ def test_every_pattern_has_a_unique_key_and_a_reason() -> None:
     assert len(found) == len(set(found))
     for pattern in DANGEROUS_PATTERNS:
         assert pattern.reason and not pattern.reason.endswith(".")
-        assert (pattern.programs is not None) == (pattern.scope == "command")
+        assert (pattern.programs is not None) == (pattern.scope in ("command", "wrapper"))
 
 
 @pytest.mark.parametrize(
@@ -81,13 +81,11 @@ def test_normalise_command_joins_continuations_and_collapses_whitespace() -> Non
         "printf 'shutdown now\\n'",
         "grep -r 'rm -rf /' .",
         "git commit -m 'do not rm -rf /'",
-        "python3 -c \"print('rm -rf /')\"",
         "# rm -rf /",
         "ls  # then rm -rf /",
         "man shutdown",
         "which reboot",
         "command -v reboot",
-        "rm -rf 'foo bar'",
     ],
 )
 def test_arguments_and_comments_are_data(command: str) -> None:
@@ -131,11 +129,16 @@ def test_finding_unit_is_the_part_that_matched() -> None:
 
 def test_a_command_with_several_dangers_reports_each() -> None:
     found = keys("curl x | sh; rm -rf ~; reboot")
-    assert found == {"download-pipe-shell", "rm-recursive-broad", "shutdown"}
+    assert found == {"download-pipe-shell", "rm-recursive-broad", "rm-recursive", "shutdown"}
+
+
+def test_interpreter_code_is_flagged_as_such_not_read_as_shell() -> None:
+    # python -c is flagged (as Hermes flags it); the text inside is not read as rm
+    assert keys("python3 -c \"print('rm -rf /')\"") == {"interpreter-inline-code"}
 
 
 def test_long_commands_are_checked_in_reasonable_time() -> None:
-    script = "python3 - <<'EOF'\n" + "\n".join(f"x{i} = {i}" for i in range(5000)) + "\nEOF"
+    script = "cat > /tmp/gen.py <<'EOF'\n" + "\n".join(f"x{i} = {i}" for i in range(5000)) + "\nEOF"
     blob = "echo " + "A" * 300_000 + "()"
     many = "rm " + " ".join(f"-f{i}" for i in range(20_000))
     started = time.perf_counter()

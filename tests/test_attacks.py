@@ -11,6 +11,7 @@ memory are measured here; a test that hangs fails on the short per-test timeout.
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 import threading
 import time
@@ -336,6 +337,62 @@ def test_an_unauthenticated_array_bomb_costs_the_host_little(
     assert host.growth_mib < 40, f"host RSS grew {host.growth_mib:.0f} MiB for a 3 MiB frame"
 
 
+@pytest.mark.timeout(120)
+def test_an_authenticated_args_bomb_is_refused_and_the_loop_keeps_serving(
+    target: tuple[str, str], tmp_path: Path, gauge: type[HostGauge]
+) -> None:
+    """The same bomb behind the right token: the host checks the token, then decoded the
+    arguments on its event loop, ~75x the frame in memory and a second or more of the
+    loop per frame. Now the decoder stops at MAX_ARG_VALUES values, so the frame is
+    refused (bad_request) at bounded cost, and a second connection's calls (the loop's
+    heartbeat, as the script sees it) keep being answered meanwhile."""
+    with gauge() as host:
+        result = runner(target, tmp_path)(
+            """
+            import threading
+            head = b"\\x84\\xa2id\\x01\\xa4tool\\xa4nope\\xa5token" + body_of(TOKEN)
+            # args: {"x": [m arrays of 60000 empty arrays]}: no one container is long
+            head += b"\\xa4args\\x81\\xa1x\\xdd"
+            chunk = b"\\xdc" + struct.pack(">H", 60000) + b"\\x90" * 60000
+            m = (4 * 2**20 - len(head) - 4) // len(chunk)
+            body = head + struct.pack(">I", m) + chunk * m
+            stop = threading.Event()
+            worst = [0.0]
+            beats = [0]
+
+            def heartbeat():
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    ping = frame(body_of({"id": 1, "tool": "nope", "token": TOKEN}))
+                    started = time.monotonic()
+                    reply = ask_raw(ping, key="ping%d" % i)
+                    worst[0] = max(worst[0], time.monotonic() - started)
+                    if kind(reply) == "unknown_tool":
+                        beats[0] += 1
+                    time.sleep(0.02)
+
+            beat = threading.Thread(target=heartbeat)
+            beat.start()
+            time.sleep(0.3)
+            kinds = [kind(ask_raw(frame(body), key="bomb%d" % i)) for i in range(4)]
+            time.sleep(0.3)
+            stop.set()
+            beat.join()
+            print(sorted(set(kinds)))
+            print("beats", beats[0] > 5)
+            print("worst", round(worst[0], 2))
+            """,
+            timeout=90.0,
+        )
+    assert result.status == "success", result.output
+    lines = _lines(result)
+    assert lines[:2] == ["['bad_request']", "beats True"], result.output
+    # Generous: the point is that no single frame holds the loop for seconds.
+    assert float(lines[2].split()[1]) < 2.5, result.output
+    assert host.growth_mib < 60, f"host RSS grew {host.growth_mib:.0f} MiB for 4 MiB frames"
+
+
 @pytest.mark.timeout(60)
 def test_a_frame_over_the_default_cap_is_refused_unread(
     target: tuple[str, str], tmp_path: Path, gauge: type[HostGauge]
@@ -581,8 +638,8 @@ def test_tools_that_block_do_not_hold_the_threads_the_kill_needs(
     """A sync tool that blocks (here: for 12 s) holds a worker thread. 60 of them at once
     once held all 40 of anyio's default threads, the ones the kill needs, so the script
     outlived its 3 s timeout until the tools let go. Now tools run on their own limiter
-    (TOOL_THREADS), and the script is killed on time. (The run itself still returns
-    only when the tool calls already running have returned.)"""
+    (TOOL_THREADS), and the script is killed on time. (The run itself then waits for
+    the calls in flight at most TOOL_CALL_DRAIN_SECONDS: see the tests below.)"""
     from hermes_sandbox.threads import TOOL_THREADS
     from hermes_sandbox.tools.registry import ToolRegistry
 
@@ -636,3 +693,99 @@ def test_tools_that_block_do_not_hold_the_threads_the_kill_needs(
         f"the script outlived its 3 s timeout by {died[0] - started:.1f} s"
     )
     assert TOOL_THREADS < 40
+
+
+# -- tool calls still running when the run ends ------------------------------------------
+
+
+def _registry_with(name: str, handler: Callable[..., Any]) -> Any:
+    from hermes_sandbox.tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+    schema = {"name": name, "description": "Block.", "parameters": {"type": "object"}}
+    registry.register(name, "test", schema, handler)
+    return registry
+
+
+CALL_THEN_WAIT = """
+import threading
+import hermes_tools
+threading.Thread(target=hermes_tools.hold, daemon=True).start()
+print("calling", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_a_sync_tool_running_at_the_end_is_waited_for_a_bounded_time(
+    target: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync tool blocking 60 s once held a 1 s-timeout run until it returned. Now the
+    run waits for calls in flight at most TOOL_CALL_DRAIN_SECONDS, then abandons them;
+    the transport shuts down cleanly (the files channel closes its directory only after
+    its own threads have returned: no EBADF, no error logged)."""
+    import hermes_sandbox.threads as threads
+
+    monkeypatch.setattr(threads, "TOOL_CALL_DRAIN_SECONDS", 1.0)
+    release = threading.Event()
+    entered = threading.Event()
+
+    def hold(args: dict[str, Any]) -> str:
+        entered.set()
+        release.wait(60)
+        return "{}"
+
+    started = time.monotonic()
+    try:
+        result = runner(target, tmp_path)(
+            CALL_THEN_WAIT, timeout=1.0, tools=["hold"], registry=_registry_with("hold", hold)
+        )
+    finally:
+        elapsed = time.monotonic() - started
+        release.set()
+    assert entered.is_set(), result.output
+    assert result.status == "timeout", result.output
+    assert elapsed < 1.0 + 1.0 + 15, f"a 1 s run with a 1 s drain took {elapsed:.1f} s"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("target", LOCAL_TARGETS, indirect=True, ids=lambda t: "-".join(t))
+def test_an_async_tool_awaiting_at_the_end_is_cancelled(
+    target: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    import hermes_sandbox.threads as threads
+
+    monkeypatch.setattr(threads, "TOOL_CALL_DRAIN_SECONDS", 1.0)
+    events: list[str] = []
+
+    async def hold(args: dict[str, Any]) -> str:
+        events.append("entered")
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            events.append("cancelled")
+            raise
+        return "{}"
+
+    started = time.monotonic()
+    result = runner(target, tmp_path)(
+        CALL_THEN_WAIT, timeout=1.0, tools=["hold"], registry=_registry_with("hold", hold)
+    )
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout", result.output
+    assert events == ["entered", "cancelled"], events
+    assert elapsed < 1.0 + 1.0 + 15, f"a 1 s run with a 1 s drain took {elapsed:.1f} s"
+
+
+def test_the_drain_at_the_end_of_a_run_is_bounded() -> None:
+    from hermes_sandbox.threads import TOOL_CALL_DRAIN_SECONDS
+
+    assert 0 < TOOL_CALL_DRAIN_SECONDS <= 10

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,65 @@ def test_sigint_interrupts_the_run_and_kills_the_script(
     assert json.loads(stdout)["status"] == "interrupted"
     assert "Traceback" not in stderr
     assert_gone(pids, "Ctrl-C")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("transport", "signum"),
+    [
+        ("unix", signal.SIGINT),
+        ("files", signal.SIGINT),
+        ("relay", signal.SIGINT),
+        ("unix", signal.SIGTERM),
+    ],
+    ids=["unix-SIGINT", "files-SIGINT", "relay-SIGINT", "unix-SIGTERM"],
+)
+def test_sigint_at_an_approval_prompt_ends_the_run_promptly(tmp_path, write, transport, signum):
+    """A tool waiting at the terminal's approval prompt is a call in flight; Ctrl-C
+    must end the command at once, not after the drain that a timeout gets."""
+    import pty
+    import select
+
+    from hermes_sandbox.threads import TOOL_CALL_DRAIN_SECONDS
+
+    write(
+        "script.py",
+        """
+        from hermes_tools import terminal
+        terminal(command="echo 'DROP TABLE t' > /dev/null")
+        """,
+    )
+    master, slave = pty.openpty()
+    try:
+        with subprocess.Popen(
+            [*CLI, "run", "script.py", "--json", "--transport", transport],
+            cwd=tmp_path,
+            env=cli_env(tmp_path),
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            text=True,
+        ) as process:
+            try:
+                seen = b""
+                deadline = time.monotonic() + 60
+                while b"Allow it?" not in seen and time.monotonic() < deadline:
+                    if select.select([master], [], [], 1)[0]:
+                        seen += os.read(master, 4096)
+                assert b"Allow it?" in seen, seen.decode(errors="replace")
+                asked = time.monotonic()
+                process.send_signal(signum)
+                stdout, _ = process.communicate(timeout=60)
+                elapsed = time.monotonic() - asked
+            finally:
+                if process.poll() is None:
+                    process.kill()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert process.returncode == 130, stdout
+    assert json.loads(stdout)["status"] == "interrupted"
+    assert elapsed < TOOL_CALL_DRAIN_SECONDS, f"Ctrl-C took {elapsed:.1f} s to end the run"
 
 
 # -- custom tools and the stub ------------------------------------------------------------

@@ -492,3 +492,78 @@ def test_tools_act_where_the_script_runs(target: Target) -> None:
         assert not on_host, "a tool in a container wrote on the host"
     if target.backend in ("modal", "daytona", "fake"):
         assert on_host  # the fakes' sandboxes are this machine: the stand-in's limit
+
+
+# Dangerous commands in the forms issue #11 found missed (abbreviated long options,
+# ${IFS}, brace expansion, wrappers, terminal writes to the files write_file protects),
+# each aimed at a victim directory made for the test: run in it, "*" is only its own
+# files (uniquely named), and HOME is set to it before the protected files are named.
+APPROVAL_ATTACKS = [
+    "rm --recur *",
+    "rm --recursive --forc ./*",
+    "rm${IFS}-rf${IFS}*",
+    "{rm,-rf,*}",
+    "flock .lock rm -rf *",
+    "strace -o /dev/null rm -rf *",
+    "unshare rm -rf *",
+    "setpriv rm -rf *",
+    "script -qc 'rm -rf *' /dev/null",
+    "parallel rm -rf ::: *",
+    "systemd-run --user --scope rm -rf *",
+    "chrt -o 0 rm -rf *",
+    "chmod --recurs 000 *",
+    "export HOME=$PWD; echo key | tee ~/.ssh/authorized_keys",
+    "export HOME=$PWD; echo key >> ~/.ssh/authorized_keys",
+    "export HOME=$PWD; echo evil | tee -a $HOME/.bashrc",
+    "export HOME=$PWD; echo evil > ~/.bashrc",
+    "HOME=$PWD sh -c 'echo evil >> ~/.bashrc'",
+    "export HOME=$PWD; cp .ssh/seed ~/.netrc",
+    "export HOME=$PWD; sed -i s/a/b/ ~/.zshrc",
+]
+
+
+def test_approval_attacks_are_refused_and_never_run(target: Target, tmp_path: Path) -> None:
+    """With no one to approve, every dangerous form is refused before it runs, wherever
+    the tool acts; a harmless command in the same directory does run (the control)."""
+    tag = uuid.uuid4().hex[:12]
+    remote = target.backend in ("docker", "ssh")  # the tools act in another filesystem
+    victim = f"/tmp/hs-approval-{tag}" if remote else str(tmp_path / "victim")
+    canary = f"hs-canary-{tag}"
+
+    def inside(command: str) -> str:
+        done = target.portal.call(target.environment.execute, command)
+        assert done.exit_code == 0, done.output
+        return str(done.output)
+
+    inside(
+        f"mkdir -p {victim}/.ssh && echo a > {victim}/.ssh/seed && echo a > {victim}/{canary}"
+        f" && chmod 644 {victim}/{canary}"
+    )
+    try:
+        result = target.run(
+            f"""
+            import json
+            from hermes_tools import terminal
+            attacks = {APPROVAL_ATTACKS!r}
+            replies = [terminal(command=c, workdir={victim!r}) for c in attacks]
+            control = terminal(command="touch control-{tag}", workdir={victim!r})
+            print(json.dumps({{"replies": replies, "control": control}}))
+            """
+        )
+        after = inside(f"cd {victim} && ls -A . .ssh && stat -c %a {canary}")
+    finally:
+        if remote:
+            target.portal.call(target.environment.execute, f"rm -rf {victim}")
+    assert result.status == "success", result.output
+    seen = json.loads(result.output)
+    ran = [
+        command
+        for command, reply in zip(APPROVAL_ATTACKS, seen["replies"], strict=True)
+        if reply.get("approval_required") is not True
+    ]
+    assert not ran, f"not refused: {ran}"
+    assert seen["control"].get("exit_code") == 0, seen["control"]
+    names = set(after.split())
+    assert f"control-{tag}" in names, after  # the tool did act in the victim directory
+    assert canary in names and after.split()[-1] == "644", after
+    assert not names & {"authorized_keys", ".bashrc", ".netrc", ".zshrc", ".lock"}, after

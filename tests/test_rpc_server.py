@@ -7,6 +7,7 @@ the test's event loop. Every reply is checked whole: its keys, its id, its error
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -651,3 +652,45 @@ async def test_connections_over_the_limit_are_refused(socket_dir: str) -> None:
         async with raw_client(path) as replacement:
             reply = await connected_call(replacement, path, request(5))
             assert assert_result(reply, 5) == {}
+
+
+# -- decoding the arguments at bounded cost (issue #11) --------------------------------
+
+
+@pytest.mark.parametrize("padding", [0, 1000], ids=["small", "large"])
+def test_decode_args_builds_what_msgpack_builds(padding: int) -> None:
+    from hermes_sandbox.rpc.messages import decode_args
+
+    value = {"a": [1, "x", b"\x00", None, True, 1.5, {"n": [[], {}]}], "b": {"c": -3}}
+    value["pad"] = "p" * padding  # small arguments take msgpack's own path
+    assert decode_args(msgpack.packb(value, use_bin_type=True)) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param([[]] * 70_000, "more than 65536 values", id="one-long-array"),
+        pytest.param([[None] * 40_000] * 2, "more than 65536 values", id="values-in-all"),
+        pytest.param({str(i): i for i in range(40_000)}, "more than 65536", id="map-entries"),
+        pytest.param(
+            functools.reduce(lambda v, _: [v], range(300), []),
+            "deeper than 256",
+            id="nesting",
+        ),
+    ],
+)
+def test_decode_args_refuses_past_its_limits(value: Any, message: str) -> None:
+    from hermes_sandbox.rpc.messages import decode_args
+
+    with pytest.raises(CallRefused) as caught:
+        decode_args(msgpack.packb(value))
+    assert caught.value.kind == "bad_request"
+    assert message in caught.value.message
+
+
+def test_decode_args_refuses_unhashable_keys_as_bad_frame() -> None:
+    from hermes_sandbox.rpc.errors import FrameError
+    from hermes_sandbox.rpc.messages import decode_args
+
+    with pytest.raises(FrameError):
+        decode_args(b"\x81\x90\x01")  # {[]: 1}

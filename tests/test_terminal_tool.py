@@ -228,7 +228,10 @@ DANGEROUS = [
     "sh -c 'echo k >> ~/.ssh/authorized_keys'",
 ]
 
-SAFE = [
+# Routine, but flagged as Hermes Agent flags them (issue #15): any recursive delete, rm
+# by absolute path, find -delete / -exec rm, interpreter one-liners. A session approval
+# covers the pattern, so a host answering "session" is asked once.
+ROUTINE = [
     "rm -rf ./build",
     "rm -rf /tmp/foo",
     "rm -rf build dist *.egg-info",
@@ -236,6 +239,12 @@ SAFE = [
     "rm -f /tmp/x.log",
     "rm -rf ~/project/build",
     "rm -rf /home/me/proj/build",
+    "find . -name '*.pyc' -delete",
+    "find /tmp/x -type f -exec rm -f {} +",
+    "python3 -c \"print('hi')\"",
+]
+
+SAFE = [
     'echo "rm -rf /"',
     "echo rm -rf /",
     "printf '%s\\n' 'rm -rf /' > notes.txt",
@@ -267,10 +276,7 @@ SAFE = [
     "echo x > /dev/null",
     "make 2>/dev/null",
     "ls 2>&1 | tee out.log",
-    "find . -name '*.pyc' -delete",
-    "find /tmp/x -type f -exec rm -f {} +",
     "git status && git diff | head",
-    "python3 -c \"print('hi')\"",
     "bash script.sh",
     "sh -c 'echo hi'",
     "truncate -s 0 app.log",
@@ -290,7 +296,7 @@ SAFE = [
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("command", DANGEROUS)
+@pytest.mark.parametrize("command", DANGEROUS + ROUTINE)
 async def test_dangerous_command_is_refused_without_running(
     recorder: FakeEnvironment, tmp_path: Path, command: str
 ) -> None:
@@ -549,9 +555,10 @@ async def test_workdir(env: LocalEnvironment, tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_output_is_clipped_around_the_middle(env: LocalEnvironment, tmp_path: Path) -> None:
-    code = "import sys; sys.stdout.write('H' * 30000 + 'M' * 100000 + 'T' * 30000)"
+    script = tmp_path / "clip.py"
+    script.write_text("import sys; sys.stdout.write('H' * 30000 + 'M' * 100000 + 'T' * 30000)")
     result = await terminal(
-        context(env, tmp_path), f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+        context(env, tmp_path), f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
     )
     output = result["output"]
     assert result["exit_code"] == 0
@@ -561,6 +568,27 @@ async def test_output_is_clipped_around_the_middle(env: LocalEnvironment, tmp_pa
     assert marker and set(head) == {"H"} and set(tail) == {"T"}
     assert len(head) + int(omitted.replace(",", "")) + len(tail) == 160_000
     assert len(head) == int((len(head) + len(tail)) * 0.4)  # head 40%, tail 60%
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("byte", ["\\377", "\\001"], ids=["invalid-utf8", "control"])
+async def test_undecodable_or_control_output_does_not_stretch_the_cap(
+    env: LocalEnvironment, tmp_path: Path, byte: str
+) -> None:
+    """Capped after decoding: 200,000 bytes that are not UTF-8 (each shown as U+FFFD,
+    3 bytes) or are control bytes (each a 6-byte escape in the JSON result) once came
+    back as 150 kB of text or 300 kB of JSON under a 50,000-character cap."""
+    ctx = context(env, tmp_path)
+    raw = await registry.adispatch(
+        "terminal",
+        {"command": f"head -c 200000 /dev/zero | tr '\\000' '{byte}'; echo; echo end"},
+        ctx,
+    )
+    result = json.loads(raw)
+    assert result["exit_code"] == 0
+    assert len(raw.encode()) <= MAX_OUTPUT_CHARS + 200, len(raw.encode())
+    assert result["output"].endswith("\nend\n")
+    assert " omitted] ...\n" in result["output"]
 
 
 @pytest.mark.anyio

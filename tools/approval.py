@@ -34,19 +34,35 @@ import logging
 import posixpath
 import re
 import threading
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
 import anyio.to_thread
 
+from hermes_sandbox.redaction import strip_ansi
 from hermes_sandbox.threads import tool_limiter
+from hermes_sandbox.tools.command_rules import ARG as _ARG
+from hermes_sandbox.tools.command_rules import BLOCK_DEVICE as _BLOCK_DEVICE
+from hermes_sandbox.tools.command_rules import DOWNLOADERS as _DOWNLOADERS
+from hermes_sandbox.tools.command_rules import END as _END
+from hermes_sandbox.tools.command_rules import INTERPRETERS as _INTERPRETERS
+from hermes_sandbox.tools.command_rules import RECURSIVE_FLAG as _RECURSIVE_FLAG
+from hermes_sandbox.tools.command_rules import SHELLS as _SHELLS
+from hermes_sandbox.tools.command_rules import WRITE_REDIRECT as _WRITE_REDIRECT
+from hermes_sandbox.tools.command_rules import DangerousPattern
+from hermes_sandbox.tools.command_rules import command as _command
+from hermes_sandbox.tools.command_rules import has as _has
+from hermes_sandbox.tools.command_rules import redirect as _redirect
+from hermes_sandbox.tools.command_rules import rx as _rx
+from hermes_sandbox.tools.command_rules import script as _script
 from hermes_sandbox.tools.protected_paths import (
     HOME_DIRS,
     PROTECTED_HOME_ENTRIES,
     PROTECTED_SYSTEM_DIRS,
 )
+from hermes_sandbox.tools.routine_patterns import ROUTINE_PATTERNS, SUBCOMMAND_OPTIONS
 from hermes_sandbox.tools.shell_words import (
     SimpleCommand,
     expand_words,
@@ -56,6 +72,7 @@ from hermes_sandbox.tools.shell_words import (
 )
 from hermes_sandbox.tools.wrappers import (
     LONG_OPTIONS,
+    WRAPPERS,
     Wrapper,
     expand_long_option,
     read_options,
@@ -65,30 +82,10 @@ from hermes_sandbox.tools.wrappers import (
 
 log = logging.getLogger(__name__)
 
-Scope = Literal["command", "redirect", "pipeline", "text", "script"]
 MAX_NESTING = 8  # deeper nesting of sh -c / $(...) is refused as too complex to check
 MAX_CHECKED_CHARS = 1_000_000  # longer commands are refused as too long to check
 _CHECK_IN_THREAD_CHARS = 4_096  # longer commands are checked in a worker thread
 ALLOWLIST_REGEX_PREFIX = "re:"
-
-
-@dataclass(frozen=True, slots=True)
-class DangerousPattern:
-    """One row of the table: what to look for, where, and why it is dangerous.
-
-    Where (``scope``): ``command`` searches the arguments of a simple command (normalised,
-    joined by one space) whose program's base name fully matches ``programs``;
-    ``redirect`` searches ``"PROGRAM OP TARGET"`` for each redirection; ``pipeline`` the
-    stages of a pipeline, each ``"PROGRAM ARGS"``, joined by ``" | "``; ``text`` the source
-    text of each simple command, quotes kept; ``script`` the whole command, normalised.
-    """
-
-    key: str
-    reason: str
-    scope: Scope
-    regex: re.Pattern[str]
-    programs: re.Pattern[str] | None = None  # command/redirect scope: fullmatch on program
-    unless_programs: re.Pattern[str] | None = None  # text scope: skip these programs
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +102,6 @@ class Finding:
     reason: str
     unit: str
     forms: tuple[str, ...] = ()
-
-
-def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    return re.compile(pattern, flags)
 
 
 # -- building blocks of the table ------------------------------------------------------
@@ -132,45 +125,17 @@ _FIND_NARROWING = (
     r"-(?:i?name|i?path|i?wholename|i?regex|newer\w*|[acm](?:time|min)|size|empty|user"
     r"|group|perm|inum|links|samefile|i?lname)"
 )
-_ARG = r"(?:^| )"  # the start of an argument
-_END = r"(?: |$)"  # the end of one
-
-
-def _has(argument: str) -> str:
-    """A lookahead: some argument is ``argument``. Use after ``^``, so it runs once."""
-    return rf"(?=.*{_ARG}{argument}{_END})"
-
-
-_RECURSIVE_FLAG = r"(?:-[a-zA-Z]*[rR][a-zA-Z]*|--recursive)"
-_BLOCK_DEVICE = (
-    r"/dev/(?:sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|rdisk\d|dm-\d|md\d"
-    r"|mapper/|loop\d|sr\d|mtdblock|nbd\d|zd\d)"
-)
-_WRITE_REDIRECT = r"(?:^| )(?:>|>>|>\||&>|&>>|<>) "
 _SYSTEM_BINARIES = r"/(?:etc|boot|bin|sbin|lib|lib32|lib64|libx32|usr/bin|usr/sbin|usr/lib)"
 _IN_PLACE = r"(?:-[a-zA-Z]*i\S*|--in-place\S*)"  # sed -i, -i.bak, perl -pi
-_SHELLS = r"(?:sh|bash|dash|zsh|ksh|mksh|ash|fish)"
-_INTERPRETERS = r"(?:sh|bash|dash|zsh|ksh|mksh|ash|fish|python[\d.]*|perl|ruby|node|php)"
-_DOWNLOADERS = r"(?:curl|wget|fetch|aria2c|http|https)"
+# /etc, or its macOS mirror /private/etc (where /etc is a symlink to it)
+_ETC = r"(?:/private)?/etc"
 _SEARCH_TOOLS = _rx(r"grep|egrep|fgrep|rg|ag|ack|git")
-
-
-def _command(key: str, programs: str, regex: str, reason: str) -> DangerousPattern:
-    return DangerousPattern(key, reason, "command", _rx(regex), programs=_rx(programs))
-
-
-def _redirect(key: str, regex: str, reason: str) -> DangerousPattern:
-    return DangerousPattern(key, reason, "redirect", _rx(regex))
 
 
 def _sql(key: str, regex: str, reason: str) -> DangerousPattern:
     return DangerousPattern(
         key, reason, "text", _rx(regex, re.IGNORECASE), unless_programs=_SEARCH_TOOLS
     )
-
-
-def _script(key: str, regex: str, reason: str) -> DangerousPattern:
-    return DangerousPattern(key, reason, "script", _rx(regex))
 
 
 _DELETES = r"(?:-delete|-exec(?:dir)? (?:\S*/)?rm)\b"
@@ -185,7 +150,14 @@ def _protected_paths() -> str:
     homes = "|".join([r"~[\w.-]*", r"\$HOME", r"\$\{HOME\}", *home_dirs])
     entries = "|".join(re.escape(e) for e in PROTECTED_HOME_ENTRIES)
     systems = "|".join(re.escape(d) for d in PROTECTED_SYSTEM_DIRS if d not in ("/etc", "/dev"))
-    return rf"(?:(?:{homes})/(?:{entries})|{systems})(?:/\S*)?"
+    # $HERMES_HOME is Hermes Agent's ~/.hermes
+    hermes = "|".join(
+        re.escape(e.removeprefix(".hermes/"))
+        for e in PROTECTED_HOME_ENTRIES
+        if e.startswith(".hermes/")
+    )
+    hermes_home = rf"|(?:\$HERMES_HOME|\$\{{HERMES_HOME\}})/(?:{hermes})" if hermes else ""
+    return rf"(?:(?:{homes})/(?:{entries})|{systems}{hermes_home})(?:/\S*)?"
 
 
 _PROTECTED = _protected_paths()
@@ -268,30 +240,37 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
         r"\bdelete\s+from\s+[\\\"`\[]*[\w.$-]+[\\\"`\]]*(?![^;'\"]*\bwhere\b)",
         "deletes every row of a table (SQL DELETE FROM without WHERE)",
     ),
-    _sql("sql-truncate", r"\btruncate\s+table\b", "empties a table (SQL TRUNCATE TABLE)"),
+    _sql(
+        "sql-truncate",
+        # TRUNCATE TABLE t, or TRUNCATE t with nothing but SQL after it ("truncate the
+        # log" is prose)
+        r"\btruncate\s+(?:table\b|only\b|[\w\"`\[][\w.\"`\]]*\s*(?:[;,'\"]|$|cascade\b"
+        r"|restrict\b|restart\b|continue\b))",
+        "empties a table (SQL TRUNCATE)",
+    ),
     # -- system configuration ---------------------------------------------------------
     _redirect(
         "etc-redirect",
-        rf"{_WRITE_REDIRECT}/etc(?:/|$)",
+        rf"{_WRITE_REDIRECT}{_ETC}(?:/|$)",
         "writes a file under /etc through a redirection",
     ),
-    _command("etc-tee", "tee", rf"{_ARG}/etc(?:/|{_END})", "writes a file under /etc with tee"),
+    _command("etc-tee", "tee", rf"{_ARG}{_ETC}(?:/|{_END})", "writes a file under /etc with tee"),
     _command(
         "etc-edit-in-place",
-        "sed|perl",
-        rf"^{_has(_IN_PLACE)}.*{_ARG}/etc/",
+        "sed|perl|ruby",
+        rf"^{_has(_IN_PLACE)}.*{_ARG}{_ETC}/",
         "edits a file under /etc in place",
     ),
     _command(
         "etc-copy-into",
         "cp|install|rsync|ln",
-        rf"{_ARG}(?:-t |--target-directory=)/etc(?:/|{_END})|{_ARG}/etc(?:/\S*)?$",
+        rf"{_ARG}(?:-t |--target-directory=){_ETC}(?:/|{_END})|{_ARG}{_ETC}(?:/\S*)?$",
         "copies, moves or links a file into /etc",
     ),
     _command(
         "etc-modify",
         "mv|rm|unlink|shred|truncate|touch|mkdir|rmdir|chmod|chown|chgrp|chattr|setfacl|dd",
-        rf"{_ARG}(?:of=)?/etc(?:/|{_END})",
+        rf"{_ARG}(?:of=)?{_ETC}(?:/|{_END})",
         "moves, deletes or changes a file under /etc",
     ),
     _command(
@@ -312,7 +291,7 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
     _command("protected-move", "mv", rf"{_ARG}{_PROTECTED}{_END}", _WRITES_PROTECTED),
     _command(
         "protected-edit-in-place",
-        "sed|perl",
+        "sed|perl|ruby",
         rf"^{_has(_IN_PLACE)}.*{_ARG}{_PROTECTED}{_END}",
         _WRITES_PROTECTED,
     ),
@@ -410,6 +389,7 @@ DANGEROUS_PATTERNS: tuple[DangerousPattern, ...] = (
         rf"^{_has(_RECURSIVE_FLAG)}{_has(_BROAD_PATH)}",
         "recursively changes permissions or owners of a broad path",
     ),
+    *ROUTINE_PATTERNS,
 )
 """The table: every pattern with its key (used in session approvals) and reason."""
 
@@ -452,11 +432,14 @@ def _invocation(words: list[str]) -> _Invocation | None:
     if program.startswith("/etc/init.d/"):
         program, raw = "service", [posixpath.basename(program), *raw]
     name = posixpath.basename(program)
+    before_subcommand = SUBCOMMAND_OPTIONS.get(name)
+    lead = 0 if before_subcommand is None else read_options(raw, 0, before_subcommand).end
     longs = LONG_OPTIONS.get(name)
     if longs:
         end = raw.index("--") if "--" in raw else len(raw)
         raw = [expand_long_option(a, longs) for a in raw[:end]] + raw[end:]
-    return _Invocation(name, [normalise_path(a) for a in raw], raw, at)
+    # the table reads a subcommand's arguments; nested code may hide in the options
+    return _Invocation(name, [normalise_path(a) for a in raw[lead:]], raw, at)
 
 
 # -- the forms an allowlist regex must match ------------------------------------------
@@ -557,6 +540,20 @@ def _nested_code(invocation: _Invocation) -> list[str]:
         return found
     if program == "eval":
         return [" ".join(args)] if args else []
+    if program == "git":
+        # "git -c alias.x='!CMD' x": an alias starting with "!" is shell code
+        return [
+            value.partition("=!")[2]
+            for option, value in itertools.pairwise(args)
+            if option == "-c" and value.startswith("alias.") and "=!" in value
+        ]
+    if program == "hermes":
+        # what Hermes's CLI runs or schedules: "hermes run CMD", "hermes cron create W CMD"
+        if args[:1] == ["run"] and len(args) > 1:
+            return [" ".join(args[1:])]
+        if args[:2] in (["cron", "create"], ["cron", "add"]) and len(args) > 3:
+            return [args[-1]]
+        return []
     if program == "watch":
         rest = args[read_options(args, 0, _WATCH).end :]
         return [" ".join(rest)] if rest else []
@@ -587,6 +584,22 @@ def _nested_code(invocation: _Invocation) -> list[str]:
     return []
 
 
+def _wrapper_layers(words: list[str], program: str) -> list[tuple[str, str]]:
+    """Each wrapper among ``words`` (those before the program), as (name, ``"ITS OPTIONS
+    => PROGRAM"``): ``sudo -S -u bob xargs rm`` gives ("sudo", "-S -u bob => rm") and
+    ("xargs", " => rm")."""
+    layers = []
+    for index, word in enumerate(words):
+        name = posixpath.basename(word)
+        spec = WRAPPERS.get(name)
+        if spec is None:
+            continue
+        end = read_options(words, index + 1, spec).end
+        options = [expand_long_option(w, spec.long_options) for w in words[index + 1 : end]]
+        layers.append((name, f"{' '.join(options)} => {program}"))
+    return layers
+
+
 def _pipeline_forms(pipeline: list[SimpleCommand]) -> list[str] | None:
     """Each combination of its stages' forms, joined by `` | ``; None if a stage has none."""
     combined = [""]
@@ -601,8 +614,20 @@ def _pipeline_forms(pipeline: list[SimpleCommand]) -> list[str] | None:
     return combined
 
 
-def _echoed_text(invocation: _Invocation) -> str | None:
-    """What ``echo``/``printf`` writes, roughly, or None for other programs."""
+def _reads_code(invocation: _Invocation) -> bool:
+    """Whether ``invocation`` runs what it reads on stdin: ``sh``/``sh -s``, or ``ssh
+    HOST`` with no command (the remote shell reads it)."""
+    if _SHELL_NAMES.fullmatch(invocation.program):
+        return _shell_code(invocation)[1]
+    return invocation.program == "ssh" and not _nested_code(invocation)
+
+
+def _echoed_text(invocation: _Invocation, command: SimpleCommand) -> str | None:
+    """What ``echo``/``printf`` writes, roughly, or the here-document ``cat`` writes;
+    None for other programs."""
+    if invocation.program == "cat" and not invocation.args:
+        bodies = [t.body for _, t in command.redirects if t.body is not None]
+        return "\n".join(bodies) if bodies else None
     if invocation.program == "echo":
         args = invocation.raw_args
         while args and re.fullmatch(r"-[neE]+", args[0]):
@@ -698,9 +723,19 @@ class _Detector:
                 cache.append(_command_forms(words, invocation))
             return cache[0]
 
+        # a here-document is text the program reads: SQL fed to mysql <<EOF counts
+        texts = [unit, *(t.body for _, t in command.redirects if t.body is not None)]
         for pattern in text_patterns:
-            if pattern.regex.search(unit):
+            if any(pattern.regex.search(text) for text in texts):
                 self.add(pattern.key, pattern.reason, unit, forms())
+        argv = [text for text, _ in words]
+        if invocation is not None and invocation.at is not None:
+            argv = argv[: invocation.at]  # the wrappers before the program, not its arguments
+        for name, rendered in _wrapper_layers(argv, program):
+            for pattern in self.by_scope.get("wrapper", ()):
+                wraps = pattern.programs is not None and pattern.programs.fullmatch(name)
+                if wraps and pattern.regex.search(rendered):
+                    self.add(pattern.key, pattern.reason, unit, forms())
         if invocation is not None:
             args_text = invocation.args_text
             for pattern in command_patterns:
@@ -720,10 +755,12 @@ class _Detector:
             return None
         for code in _nested_code(invocation):
             self.run(code, depth + 1)
-        if _SHELL_NAMES.fullmatch(program) and _shell_code(invocation)[1]:
+        if _reads_code(invocation):
             for operator, target in command.redirects:
                 if operator == "<<<":
                     self.run(target.text, depth + 1)
+                elif target.body is not None:
+                    self.run(target.body, depth + 1)
         return invocation
 
     def pipeline(
@@ -738,12 +775,16 @@ class _Detector:
         for pattern in self.by_scope.get("pipeline", ()):
             if pattern.regex.search(rendered):
                 self.add(pattern.key, pattern.reason, unit, _pipeline_forms(pipeline))
-        for before, after in itertools.pairwise(invocations):
-            if before is None or after is None or not _SHELL_NAMES.fullmatch(after.program):
+        carried: str | None = None  # text echoed into the pipe, passed on through cat
+        for command, stage in zip(pipeline, invocations, strict=True):
+            if stage is not None and carried is not None and _reads_code(stage):
+                self.run(carried, depth + 1)
+            if stage is None:
+                carried = None
+            elif stage.program == "cat" and not stage.args and carried is not None:
                 continue
-            echoed = _echoed_text(before)
-            if echoed is not None and _shell_code(after)[1]:
-                self.run(echoed, depth + 1)
+            else:
+                carried = _echoed_text(stage, command)
 
 
 def detect_dangerous(
@@ -764,7 +805,18 @@ def detect_dangerous(
         ]
     detector = _Detector(patterns)
     detector.run(command)
+    for reading in _other_readings(command):
+        detector.run(reading)
     return detector.findings()
+
+
+def _other_readings(command: str) -> list[str]:
+    """Other ways to read ``command``, each checked too: as it looks on a terminal (escape
+    sequences and NUL bytes gone, look-alike letters such as fullwidth ``ｒｍ`` folded),
+    and with its line continuations joined first (``$\\<newline>'...'`` is ``$'...'``)."""
+    displayed = unicodedata.normalize("NFKC", strip_ansi(command).replace("\x00", ""))
+    joined = command.replace("\\\n", "")
+    return list(dict.fromkeys(r for r in (displayed, joined) if r != command))
 
 
 # -- the policy ----------------------------------------------------------------------
@@ -836,9 +888,11 @@ class ApprovalPolicy:
     are): only an exact entry or a human can. A command runs when each of its findings is
     allowed by an entry or an earlier approval.
 
-    Session approvals are keyed by (pattern key, normalised whole command): approving
-    ``rm -rf ~/old`` for the session allows that exact command again, not every
-    recursive delete. ``always`` appends the normalised command to
+    A session approval of a routine pattern (``session="pattern"``, see
+    :mod:`~hermes_sandbox.tools.routine_patterns`) covers every later command it flags:
+    approving ``rm -r build`` allows ``rm -r dist``. For the others it is keyed by (pattern
+    key, normalised whole command): approving ``rm -rf ~/old`` for the session allows that
+    exact command again, not every broad delete. ``always`` appends the normalised command to
     :attr:`permanent_allowlist` (as an exact entry: a command that itself starts with
     ``re:`` is stored as the escaped regex of itself) and calls ``on_always(entry)`` (sync
     or async) so the host can save it; a failing ``on_always`` is logged, the approval
@@ -865,6 +919,8 @@ class ApprovalPolicy:
         self._exact: set[str] = set()
         self._regexes: list[re.Pattern[str]] = []
         self._session: set[tuple[str, str]] = set()
+        self._session_patterns: set[str] = set()
+        self._by_pattern = frozenset(p.key for p in self._patterns if p.session == "pattern")
         for entry in allowlist:
             self._add_entry(entry)
 
@@ -900,6 +956,13 @@ class ApprovalPolicy:
         with self._lock:
             return frozenset(self._session)
 
+    @property
+    def session_patterns(self) -> frozenset[str]:
+        """Keys of the routine patterns approved for this session: every later command
+        they flag runs without asking."""
+        with self._lock:
+            return frozenset(self._session_patterns)
+
     def findings(self, command: str) -> list[Finding]:
         """What is dangerous in ``command``, allowed or not."""
         return detect_dangerous(command, self._patterns)
@@ -907,6 +970,8 @@ class ApprovalPolicy:
     def _allowed(self, finding: Finding, normalised: str) -> bool:
         with self._lock:
             if (finding.key, normalised) in self._session:
+                return True
+            if finding.key in self._session_patterns:
                 return True
             if normalised in self._exact or finding.unit in self._exact:
                 return True
@@ -947,7 +1012,11 @@ class ApprovalPolicy:
             return _refusal(reasons, "the human denied it")
         if answer is Approval.SESSION:
             with self._lock:
-                self._session.update((f.key, normalised) for f in pending)
+                for f in pending:
+                    if f.key in self._by_pattern:
+                        self._session_patterns.add(f.key)
+                    else:
+                        self._session.add((f.key, normalised))
         elif answer is Approval.ALWAYS:
             entry = normalised
             if entry.startswith(ALLOWLIST_REGEX_PREFIX):

@@ -56,6 +56,8 @@ PROTECTED_HOME_ENTRIES: tuple[str, ...] = (
     ".config/gcloud",
     ".config/gh",
     ".config/hermes-sandbox",
+    ".hermes/config.yaml",  # Hermes Agent's own: its approval settings live here
+    ".hermes/.env",
     ".config/systemd",
     ".config/autostart",
     ".local/share/keyrings",

@@ -366,8 +366,11 @@ class ToolRegistry:
             if entry.is_async:
                 result = await self._invoke(entry, args, ctx)
             else:
+                # Abandoned if cancelled (the run ended): a blocking tool cannot hold it.
                 result = await anyio.to_thread.run_sync(
-                    functools.partial(self._invoke, entry, args, ctx), limiter=tool_limiter()
+                    functools.partial(self._invoke, entry, args, ctx),
+                    abandon_on_cancel=True,
+                    limiter=tool_limiter(),
                 )
                 if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                     result = await result

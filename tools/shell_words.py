@@ -24,6 +24,7 @@ _OPERATORS = sorted(CONTROL_OPERATORS + REDIRECTIONS, key=len, reverse=True)
 _OPERATOR_RX = re.compile("|".join(re.escape(op) for op in _OPERATORS))
 _PLAIN_RUN = re.compile(r"[^\s\\'\"$`<>|&;()#]+")  # characters that are only themselves
 PIPES = ("|", "|&")
+_CASE_KEYWORD = re.compile(r"(?:case|esac)(?=[\s;)&|]|$)")
 _PARAMETER = re.compile(r"[A-Za-z0-9_@*#?$!-]")  # what may follow "$" in a parameter
 
 
@@ -34,6 +35,7 @@ class Word:
     end: int
     substitutions: list[str] = field(default_factory=list)
     expands: bool = False  # holds a $VAR, ${...}, $(...), backtick or <(...) the shell fills in
+    body: str | None = None  # the here-document this word delimits (after "<<")
 
 
 @dataclass(slots=True)
@@ -65,12 +67,29 @@ def normalise_command(command: str) -> str:
 def matching_close(text: str, open_index: int, opener: str = "(", closer: str = ")") -> int:
     """Index of the bracket closing the one at ``open_index`` (len(text) if unclosed)."""
     depth = 0
+    cases: list[int] = []  # the depth at each open "case": its patterns end in ")"
     i = open_index
     n = len(text)
     while i < n:
         c = text[i]
         if c == "\\":
             i += 2
+            continue
+        if opener == "(" and c in "ce":
+            keyword = _CASE_KEYWORD.match(text, i)
+            j = i - 1
+            while j >= 0 and text[j] in " \t":
+                j -= 1
+            # a keyword only where a command starts: "echo case" is an argument
+            if keyword is not None and (j < 0 or text[j] in "\n;&|(`"):
+                if keyword.group() == "case":
+                    cases.append(depth)
+                elif cases:
+                    cases.pop()
+                i = keyword.end()
+                continue
+        if c == closer and cases and depth == cases[-1]:
+            i += 1  # "x)" ends a case pattern, not the substitution
             continue
         if c == "'" and opener == "(":
             close = text.find("'", i + 1)
@@ -117,10 +136,14 @@ def tokenize(text: str) -> list[Word | Operator]:
             start = i
         return parts
 
+    in_test = False  # between "[[" and "]]"
+    heredocs: list[tuple[int, bool]] = []  # (index of the delimiter word, "<<-") to read
+
     def flush(end: int) -> None:
-        nonlocal parts, subs, expands
+        nonlocal parts, subs, expands, in_test
         if parts is not None:
             tokens.append(Word("".join(parts), start, end, subs, expands))
+            in_test = (in_test or parts == ["[["]) and parts != ["]]"]
         parts = None
         subs = []
         expands = False
@@ -138,7 +161,8 @@ def tokenize(text: str) -> list[Word | Operator]:
             flush(i)
             i += 1
             continue
-        if c == "#" and parts is None:
+        if c == "#" and parts is None and not (i and text[i - 1] == "\r"):
+            # a "#" after a carriage return is no comment: bash reads "\r" as a letter
             newline = text.find("\n", i)
             i = n if newline < 0 else newline
             continue
@@ -222,6 +246,16 @@ def tokenize(text: str) -> list[Word | Operator]:
             begin().append(plain.group())
             i = plain.end()
             continue
+        if c == "(" and parts is not None and text[i - 1] in "@?*+!=":
+            # an extglob "@(a|b)" or an array "v=(a b)": one word with the brackets
+            close = matching_close(text, i)
+            begin().append(text[i : close + 1])
+            i = close + 1
+            continue
+        if c in "()" and in_test:
+            begin().append(c)  # inside [[ ]] brackets group a regex or a test
+            i += 1
+            continue
         found = _OPERATOR_RX.match(text, i)
         if found is not None:
             operator = found.group()
@@ -232,12 +266,48 @@ def tokenize(text: str) -> list[Word | Operator]:
                 flush(i)
             tokens.append(Operator(operator, i))
             i += len(operator)
+            if operator in ("<<", "<<-"):
+                heredocs.append((len(tokens), operator == "<<-"))
+            elif operator == "\n" and heredocs:
+                i = _read_heredocs(text, i, tokens, heredocs)
+                heredocs = []
             continue
         expands = expands or (c == "$" and _PARAMETER.match(text, i + 1) is not None)
         begin().append(c)
         i += 1
     flush(n)
     return tokens
+
+
+def _read_heredocs(
+    text: str, i: int, tokens: list[Word | Operator], heredocs: list[tuple[int, bool]]
+) -> int:
+    """Read the bodies of the here-documents opened on the line that ended at ``i`` into
+    their delimiter words; returns where the text goes on after them. With an unquoted
+    delimiter the body's ``$(...)`` and backticks run, so they become substitutions."""
+    for index, strip_tabs in heredocs:
+        word = tokens[index] if index < len(tokens) else None
+        if not isinstance(word, Word):
+            continue
+        source = text[word.start : word.end]
+        lines: list[str] = []
+        while i < len(text):
+            newline = text.find("\n", i)
+            end = len(text) if newline < 0 else newline
+            line = text[i:end]
+            i = end + 1
+            if (line.lstrip("\t") if strip_tabs else line) == word.text:
+                break
+            lines.append(line)
+        word.body = "\n".join(lines)
+        if not any(q in source for q in "'\"\\"):
+            word.substitutions = [
+                sub
+                for token in tokenize(word.body)
+                if isinstance(token, Word)
+                for sub in token.substitutions
+            ]
+    return min(i, len(text))
 
 
 def parse(text: str) -> list[list[SimpleCommand]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hermes_sandbox.tools.approval import ApprovalPolicy
 from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
-from hermes_sandbox.truncation import cut_middle
+from hermes_sandbox.truncation import cut_middle_encoded
 
 DEFAULT_TIMEOUT = 180
 MAX_TIMEOUT = 3600
@@ -24,10 +24,10 @@ TERMINAL_SCHEMA = {
     "name": "terminal",
     "description": (
         "Run a shell command in the foreground and wait for it. Returns {output, exit_code}: "
-        "output is stdout and stderr together, its middle cut out past 50,000 characters. "
+        "output is stdout and stderr together, its middle cut out past 50,000 bytes. "
         "A command still running after timeout seconds is killed (exit_code 124, and "
         "output ends with [Command timed out after Ns]). "
-        "Dangerous commands (recursive deletes of broad paths, writes to disks or /etc, "
+        "Dangerous commands (recursive deletes, force pushes, writes to disks or /etc, "
         "piping downloads into a shell, stopping services...) need a human's approval: "
         'without it the result is {"error": ..., "approval_required": true}.'
     ),
@@ -84,7 +84,7 @@ async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
     if refusal is not None:
         return tool_error(refusal, approval_required=True)
     done = await ctx.environment.execute(command, timeout=timeout, cwd=cwd)
-    output = cut_middle(done.output, MAX_OUTPUT_CHARS)
+    output = cut_middle_encoded(done.output, MAX_OUTPUT_CHARS)
     if done.timed_out:
         # Said in output too: a model that reads only output must not take a killed
         # command's partial output for its whole output.
