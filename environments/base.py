@@ -171,8 +171,10 @@ class Runtime(abc.ABC):
         env: Mapping[str, str],
         cwd: str | None = None,
         stage: str | None = None,
+        stdin_path: str | None = None,
     ) -> SandboxProcess:
-        """Start ``argv`` with exactly ``env`` as its environment, stdin closed.
+        """Start ``argv`` with exactly ``env`` as its environment; its stdin reads the
+        file ``stdin_path`` (a path here), else is closed (``/dev/null``).
 
         ``stage`` is the run's directory: an environment that can removes it if this
         host process dies while the process runs.

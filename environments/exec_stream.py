@@ -222,6 +222,7 @@ class ExecStreamEnvironment(Environment, Runtime):
         env: Mapping[str, str],
         cwd: str | None = None,
         stage: str | None = None,
+        stdin_path: str | None = None,
     ) -> SandboxProcess:
         raise SpawnNotAvailable(
             f"the {self.name} backend starts scripts through the relay; use open_exec_stream"

@@ -249,16 +249,23 @@ class LocalEnvironment(Environment, Runtime):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        stdin_path: str | None = None,
     ) -> LocalProcess:
-        handle = await self._open(
-            await self._contained(argv, cwd),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=dict(self._env if env is None else env),
-            stage=stage,
-        )
+        # A local file: opening it does not wait.
+        stdin = open(stdin_path, "rb") if stdin_path else None  # noqa: SIM115, ASYNC230
+        try:
+            handle = await self._open(
+                await self._contained(argv, cwd),
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=dict(self._env if env is None else env),
+                stage=stage,
+            )
+        finally:
+            if stdin is not None:
+                stdin.close()  # the child has its own copy
         return LocalProcess(handle)
 
     async def open_exec_stream(

@@ -28,6 +28,12 @@ import yaml
 
 from hermes_sandbox.errors import SettingError
 
+# The image a backend that runs one starts from unless told otherwise (docker, modal;
+# singularity as docker://...): one default across the code and the docs.
+DEFAULT_PYTHON_IMAGE = "python:3.12-slim"
+# The logger of progress a person waits on (an image pull): shown even without -v.
+PROGRESS_LOGGER = "hermes_sandbox.progress"
+
 # Where a layer's values came from: given a field name (None: the layer as a whole),
 # the place a message names.
 Place = Callable[[str | None], str]

@@ -292,8 +292,10 @@ class RelaySession:
         env: Mapping[str, str],
         cwd: str | None,
         socket_path: str | None,
+        stdin_path: str | None = None,
     ) -> None:
-        """Ask the relay to start the script; raise RelayError if it cannot."""
+        """Ask the relay to start the script, its stdin read from ``stdin_path`` (a
+        file in the sandbox) or closed; raise RelayError if it cannot."""
         self._writer.put(
             {
                 "op": "run",
@@ -301,6 +303,7 @@ class RelaySession:
                 "env": dict(env),
                 "cwd": cwd,
                 "socket": socket_path,
+                "stdin": stdin_path,
             }
         )
         with anyio.fail_after(30):

@@ -9,22 +9,30 @@ there is one, by :class:`TerminalPrompt`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
+import selectors
 import signal
+import stat
 import sys
 import termios
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import anyio
 
+from hermes_sandbox import __version__
 from hermes_sandbox.cli_delegate import add_delegate_command, run_delegate_command
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
+from hermes_sandbox.environments.settings import PROGRESS_LOGGER
 from hermes_sandbox.errors import SandboxError, UsageError
 from hermes_sandbox.execute_code_tool import FORMATS, build_schema, tool_definition
-from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, ExecutionResult
+from hermes_sandbox.output import spill_notice
+from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult
 from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
 from hermes_sandbox.stubs import generate_stub
 from hermes_sandbox.tools import (
@@ -37,6 +45,20 @@ from hermes_sandbox.tools.approval import Approval, ApprovalPolicy
 from hermes_sandbox.transports import TRANSPORTS
 
 USAGE_ERROR = 2
+MAX_STDIN_BYTES = 64 * 1024 * 1024
+
+
+class _StdinStillOpen(Exception):
+    """The piped stdin was still open when the run's timeout came (a result, not an
+    error of the command line: main never sees it)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises its usage errors, so that main() reports them the one way
+    (a JSON result under --json) instead of exiting from inside parse_args."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -58,6 +80,51 @@ def _parse_env(items: Sequence[str]) -> dict[str, str]:
         else:
             raise UsageError(f"--env {name}: no such variable in this environment")
     return env
+
+
+def _piped_stdin() -> int | None:
+    """The fd of this process's stdin when something is piped or redirected into it (a
+    pipe, a file, a socket), not a terminal and not /dev/null; else None."""
+    try:
+        fd = sys.stdin.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, ValueError, OSError):
+        return None
+    if stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode):
+        return fd
+    return None
+
+
+def _read_stdin(fd: int, timeout: float) -> bytes:
+    """All of ``fd`` up to its end, within ``timeout`` seconds and MAX_STDIN_BYTES.
+
+    Raises _StdinStillOpen when the writer keeps it open past the timeout, UsageError
+    when it holds too much."""
+    deadline = time.monotonic() + timeout
+    waits = not stat.S_ISREG(os.fstat(fd).st_mode)  # a file is always readable
+    chunks: list[bytes] = []
+    size = 0
+    with selectors.DefaultSelector() as selector:
+        if waits:
+            selector.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if waits and (left <= 0 or not selector.select(left)):
+                raise _StdinStillOpen(
+                    f"standard input was still open after the run's timeout ({timeout:g}s), "
+                    "so the script was not started: close the pipe, or run with "
+                    "</dev/null if the script does not read its input"
+                )
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return b"".join(chunks)
+            size += len(data)
+            if size > MAX_STDIN_BYTES:
+                raise UsageError(
+                    f"standard input holds more than {MAX_STDIN_BYTES} bytes; give the "
+                    "script a file path instead"
+                )
+            chunks.append(data)
 
 
 def _read_script(path: str) -> str:
@@ -222,13 +289,20 @@ def _approval_policy(args: argparse.Namespace, config: Config) -> ApprovalPolicy
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hermes-sandbox",
         description="Run a Python script that calls tools through hermes_tools, in a sandbox.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    tool_args = argparse.ArgumentParser(add_help=False)
+    tool_args = _Parser(add_help=False)
+    tool_args.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say on stderr what the runtime does: backend start, staging, transport, timings",
+    )
     tool_args.add_argument(
         "--tools",
         metavar="A,B,C",
@@ -272,6 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="tool-call budget (default: the config's limits.max_tool_calls, else 50)",
+    )
+    run_args.add_argument(
+        "--max-output-bytes",
+        type=int,
+        metavar="N",
+        help="how much of the script's stdout the result keeps, head and tail (default: "
+        "the config's limits.max_stdout_bytes, else 50000); the rest goes to a spill file",
     )
     run_args.add_argument("--cwd", metavar="DIR", help="working directory of the script")
     run_args.add_argument(
@@ -334,9 +415,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     run = commands.add_parser(
-        "run", parents=[tool_args, run_args], help="run a script", description="Run a script."
+        "run",
+        parents=[tool_args, run_args],
+        help="run a script",
+        description="Run a script as python would: arguments after -- reach its sys.argv, "
+        "piped standard input reaches its stdin, and its directory is on its sys.path.",
+        usage="%(prog)s [options] SCRIPT [-- ARG...]",
     )
     run.add_argument("script", help="the script to run, or - to read it from standard input")
+    # What follows -- is the script's sys.argv[1:], taken off before parsing (main).
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
     add_delegate_command(commands, [tool_args, run_args])
 
@@ -389,13 +476,22 @@ def _print_result(result: ExecutionResult, as_json: bool, *, shown_live: bool = 
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
+    # The result's warning is written for a model (page the spill file with read_file);
+    # a person gets the same facts without the instruction.
+    warning = result.warning
+    if warning and result.stdout_spill_path:
+        path = result.stdout_spill_path
+        warning = warning.replace(
+            spill_notice(path, for_model=True), spill_notice(path, for_model=False)
+        )
+        warning += " Raise the cap with --max-output-bytes N."
     if result.output and not shown_live:
         sys.stdout.write(result.output if result.output.endswith("\n") else result.output + "\n")
     sys.stdout.flush()
     if result.status != "success" and result.error:
         sys.stderr.write(f"hermes-sandbox: {result.status}: {result.error}\n")
-    if result.warning:
-        sys.stderr.write(f"hermes-sandbox: {result.warning}\n")
+    if warning:
+        sys.stderr.write(f"hermes-sandbox: {warning}\n")
 
 
 def _write_live(stream: TextIO) -> Callable[[str], None]:
@@ -444,6 +540,11 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
     limits = config.limits
     timeout = limits.timeout if args.timeout is None else args.timeout
     calls = limits.max_tool_calls if args.max_tool_calls is None else args.max_tool_calls
+    max_stdout = limits.max_stdout_bytes
+    if args.max_output_bytes is not None:
+        if args.max_output_bytes <= 0:
+            raise UsageError(f"--max-output-bytes must be positive, got {args.max_output_bytes}")
+        max_stdout = args.max_output_bytes
     # The backend's settings, built once: the config file's section, then -o, --image,
     # --network and --isolation, each refused with its place if it does not fit.
     settings_class = get_settings_class(backend)
@@ -463,9 +564,9 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         max_tool_calls=calls,
         cwd=config.cwd if args.cwd is None else args.cwd,
         env={**config.env, **_parse_env(args.env)},
-        max_stdout_bytes=limits.max_stdout_bytes,
+        max_stdout_bytes=max_stdout,
         max_stderr_bytes=limits.max_stderr_bytes,
-        max_spill_bytes=limits.max_spill_bytes,
+        max_spill_bytes=max(limits.max_spill_bytes, max_stdout),
         spill_retention=limits.spill_retention,
         kill_grace=limits.kill_grace,
         spill_dir=os.path.expanduser(config.spill_dir) if config.spill_dir else None,
@@ -479,6 +580,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _prepare(args)
     options = _run_options(args, config)
     code = _read_script(args.script)
+    options = dataclasses.replace(
+        options,
+        script_path=None if args.script == "-" else args.script,
+        argv=args.script_args,
+    )
+    stdin_fd = None if args.script == "-" else _piped_stdin()
+    if stdin_fd is not None:
+        try:
+            data = _read_stdin(stdin_fd, options.timeout)
+        except _StdinStillOpen as exc:
+            result = ExecutionResult(
+                status="timeout",
+                output="",
+                exit_code=TIMEOUT_EXIT_CODE,
+                tool_calls_made=0,
+                duration_seconds=round(options.timeout, 3),
+                error=str(exc),
+            )
+            _print_result(result, args.json)
+            return TIMEOUT_EXIT_CODE
+        options = dataclasses.replace(options, stdin=data)
     # A person at the terminal sees the output as it comes; a program reading a pipe
     # or --json gets the result, as before.
     live = not args.json and sys.stdout.isatty()
@@ -559,9 +681,60 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The command line before the first ``--``, and the script's arguments after it."""
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def _report_error(message: str, as_json: bool) -> int:
+    """A usage or setup error: one stderr line, and under --json a result like a run's
+    (status error) on stdout for a program to parse."""
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    sys.stderr.write(f"hermes-sandbox: error: {message}\n")
+    if as_json:
+        result = ExecutionResult(
+            status="error",
+            output="",
+            exit_code=USAGE_ERROR,
+            tool_calls_made=0,
+            duration_seconds=0.0,
+            error=message,
+        )
+        sys.stdout.write(result.to_json() + "\n")
+    return USAGE_ERROR
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """Show the runtime's log on stderr: its progress (an image pull) always, all it
+    does with -v."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("hermes-sandbox: %(message)s"))
+    root = logging.getLogger("hermes_sandbox")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger(PROGRESS_LOGGER).setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv, script_args = _split_script_args(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        if script_args and args.command != "run":
+            raise UsageError(f"arguments after -- are for a script: {args.command} takes none")
+        args.script_args = script_args
+    except UsageError as exc:  # before parsing is done: look for --json by hand
+        message = str(exc)
+        if message.startswith("unrecognized arguments") and "run" in argv:
+            message = message.replace(" (see", "; a script's own arguments go after -- (see")
+        return _report_error(message, "--json" in argv)
+    if args.command is None:  # bare hermes-sandbox: what it can do, as a usage error
+        parser.print_help(sys.stderr)
+        return USAGE_ERROR
+    _log_to_stderr(getattr(args, "verbose", False))
     handlers = {
         "run": _cmd_run,
         "stub": _cmd_stub,
@@ -573,10 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except SandboxError as exc:
-        # one line, whatever the message holds
-        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        sys.stderr.write(f"hermes-sandbox: error: {message}\n")
-        return USAGE_ERROR
+        return _report_error(str(exc), getattr(args, "json", False))
     except KeyboardInterrupt:
         sys.stderr.write("hermes-sandbox: interrupted\n")
         return INTERRUPTED_EXIT_CODE

@@ -6,12 +6,13 @@ The first rule that matches wins; the scan is bounded and never raises.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 HELPERS = ("json_parse", "shell_quote", "retry")
 _SCAN_CHARS = 8000
 
 HintRule = tuple[re.Pattern[str], Callable[[re.Match[str], Sequence[str]], str]]
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 def _missing_import(match: re.Match[str], tools: Sequence[str]) -> str:
@@ -41,10 +42,12 @@ _RULES: tuple[HintRule, ...] = (
         ),
     ),
     (
-        re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'"),
+        _MISSING_MODULE,
         lambda m, _: (
-            f"'{m.group(1)}' is not installed for the sandbox's Python. Use the standard "
-            "library, or run a program that has it through terminal()."
+            f"No module named '{m.group(1)}' where the script runs: it is neither beside "
+            "the script nor installed for the sandbox's Python. If it is your own module, "
+            "put it beside the script; else use the standard library, or run a program "
+            "that has it through terminal()."
         ),
     ),
     (
@@ -68,12 +71,27 @@ _RULES: tuple[HintRule, ...] = (
 )
 
 
-def failure_hint(stderr: str, tools: Sequence[str] = ()) -> str | None:
-    """A one-line hint for a failed script's stderr, or None."""
+def _unstaged_module(name: str) -> str:
+    return (
+        f"'{name}' is beside the script on this host, but only the one-file modules "
+        "beside it that the script imports by name are copied into this sandbox: make it "
+        "one .py file, or mount its directory into the sandbox (e.g. the docker "
+        "backend's volumes)."
+    )
+
+
+def failure_hint(
+    stderr: str, tools: Sequence[str] = (), *, beside: Collection[str] = ()
+) -> str | None:
+    """A one-line hint for a failed script's stderr, or None. ``beside``: the modules
+    beside the script on this host that the sandbox may not see."""
     if not stderr:
         return None
     window = stderr[-_SCAN_CHARS:]
     try:
+        missing = _MISSING_MODULE.search(window)
+        if missing and missing.group(1).split(".")[0] in beside:
+            return _unstaged_module(missing.group(1).split(".")[0])
         for pattern, make_hint in _RULES:
             match = pattern.search(window)
             if match:

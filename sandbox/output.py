@@ -30,6 +30,17 @@ MAX_STDERR_BYTES = 10_000
 MAX_SPILL_BYTES = 5_000_000
 
 
+def spill_notice(path: str, *, for_model: bool) -> str:
+    """The sentence that says where the full output of a truncated run is: for a model,
+    how to page it with its read_file tool; for a person, just where it is."""
+    if for_model:
+        return (
+            f"The full output is in {path}; page it with "
+            f'read_file(path="{path}", offset=...) instead of re-running.'
+        )
+    return f"The full output is in {path}."
+
+
 def default_spill_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "hermes-sandbox-spill")
 

@@ -7,10 +7,12 @@ stubs/ is what the script imports.
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import posixpath
 import secrets
+import shlex
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -38,6 +40,7 @@ from hermes_sandbox.output import (
     MAX_STDOUT_BYTES,
     CappedOutput,
     default_spill_dir,
+    spill_notice,
 )
 from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
@@ -61,7 +64,12 @@ from hermes_sandbox.transports import (
 log = logging.getLogger(__name__)
 
 SCRIPT_NAME = "script.py"
+STDIN_NAME = "stdin"
 DRAIN_SECONDS = 2.0
+# The modules beside a script that it imports are copied with it into a sandbox that
+# does not see this host's files: at most this many, this many bytes in all, else none.
+MAX_SIBLING_FILES = 64
+MAX_SIBLING_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,12 @@ class RunOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     workspace_root: str | None = None
     transport: str = "auto"  # "auto", "unix", "relay" or "files" (sandbox/transports.py)
+    # The script as a program: the host file the code was read from (its name, and on a
+    # backend that shares this host the file itself, run in place), sys.argv[1:], and
+    # the bytes its stdin reads (None: nothing, /dev/null).
+    script_path: str | None = None
+    argv: Sequence[str] = ()
+    stdin: bytes | None = None
     # Fields of the backend's settings (image, limits, mounts... for docker), as plain data.
     backend_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     # Shared across runs on purpose: a parent's budget (delegation), a session's approvals.
@@ -137,6 +151,12 @@ class RunOptions:
         if self.workspace_root is not None:
             root = os.path.abspath(os.path.expanduser(self.workspace_root))
             checked = replace(checked, workspace_root=root)
+        if self.script_path is not None:
+            checked = replace(checked, script_path=os.path.abspath(self.script_path))
+        if isinstance(self.argv, str) or not all(isinstance(a, str) for a in self.argv):
+            raise RunError(f"argv must be a list of strings, got {self.argv!r}")
+        if self.stdin is not None and not isinstance(self.stdin, bytes):
+            raise RunError(f"stdin must be bytes or None, got {type(self.stdin).__name__}")
         return checked
 
 
@@ -324,6 +344,7 @@ async def open_stage(runtime: Runtime, plan: Plan, base_env: Mapping[str, str]) 
         transport = choose_transport(plan.options.transport, runtime)
     except TransportUnavailable as exc:
         raise RunError(str(exc)) from None
+    log.info("tool calls take the %s transport", transport)
     parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
     path = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
     files = dict(plan.files)
@@ -337,6 +358,107 @@ async def open_stage(runtime: Runtime, plan: Plan, base_env: Mapping[str, str]) 
             await remove_stage(runtime, path)
         raise
     return Stage(runtime, transport, path, dict(base_env))
+
+
+def _modules_beside(script_path: str | None) -> set[str]:
+    """The names a script could import from its own directory on this host."""
+    if script_path is None:
+        return set()
+    try:
+        entries = list(os.scandir(os.path.dirname(script_path)))
+    except OSError:
+        return set()
+    names: set[str] = set()
+    for entry in entries:
+        stem, ext = os.path.splitext(entry.name)
+        if ext == ".py" or (not ext and entry.is_dir()):
+            names.add(stem)
+    return names
+
+
+def _imported_modules(source: str | bytes) -> set[str]:
+    """The top-level modules that ``source`` imports by name (absolute imports; what a
+    syntax error hides is not looked for)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _siblings(script_path: str, code: str, reserved: set[str]) -> dict[str, bytes]:
+    """The modules beside ``script_path`` that the script imports, and those they
+    import, as single .py files (not packages) to copy with it, by file name; none when
+    they are more or bigger than the limits."""
+    directory = os.path.dirname(script_path)
+    found: dict[str, bytes] = {}
+    total = 0
+    wanted = list(_imported_modules(code))
+    while wanted:
+        name = wanted.pop() + ".py"
+        path = os.path.join(directory, name)
+        if name in found or name in reserved or path == script_path:
+            continue
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_SIBLING_BYTES + 1)
+        except OSError:  # not beside the script: the stdlib, an installed package
+            continue
+        total += len(data)
+        if len(found) >= MAX_SIBLING_FILES or total > MAX_SIBLING_BYTES:
+            log.info("not copying the modules beside %s: more than the limits", script_path)
+            return {}
+        found[name] = data
+        wanted.extend(_imported_modules(data))
+    return found
+
+
+async def _write_script(
+    stage: Stage, code: str, files: Sequence[str], options: RunOptions
+) -> tuple[list[str], str | None]:
+    """Write the run's script into the stage, under its own name with the modules beside
+    it that it imports (``files``: the names the stage holds already), unless it runs in
+    place; and its stdin. The script's command line after the interpreter, and the
+    stdin file (None: /dev/null)."""
+    runtime = stage.runtime
+    stdin_path = None
+    if options.stdin is not None:
+        stdin_path = posixpath.join(stage.path, STDIN_NAME)
+        await runtime.write_bytes(stdin_path, options.stdin, mode=0o600)
+    if _runs_in_place(runtime, options):
+        assert options.script_path is not None
+        return [options.script_path, *options.argv], stdin_path
+    reserved = {*files, STDIN_NAME}
+    name = SCRIPT_NAME
+    if options.script_path is not None:
+        name = os.path.basename(options.script_path)
+        if name in reserved or not name:
+            name = SCRIPT_NAME
+        siblings = _siblings(options.script_path, code, {*reserved, name})
+        for sibling, data in siblings.items():
+            await runtime.write_bytes(posixpath.join(stage.path, sibling), data, mode=0o600)
+        if siblings:
+            log.info("copied the modules beside the script: %s", ", ".join(sorted(siblings)))
+    path = posixpath.join(stage.path, name)
+    await runtime.write_bytes(path, code.encode("utf-8"), mode=0o600)
+    return [path, *options.argv], stdin_path
+
+
+def _runs_in_place(runtime: Runtime, options: RunOptions) -> bool:
+    """Whether the script's own file runs, in its directory: on a backend that shares
+    this host, when that directory is in the script's working directory (which a
+    contained local run always sees, bwrap or not); else a copy is staged."""
+    if options.script_path is None or not getattr(runtime, "shares_host", False):
+        return False
+    cwd = os.path.realpath(options.cwd or runtime.default_cwd or os.getcwd())
+    directory = os.path.realpath(os.path.dirname(options.script_path))
+    return directory == cwd or directory.startswith(cwd.rstrip(os.sep) + os.sep)
 
 
 async def remove_stage(runtime: Runtime, stage: str) -> str | None:
@@ -386,9 +508,11 @@ async def run_in_stage(
     lost: str | None = None  # why the sandbox went away mid-run, if it did
     cwd = options.cwd or runtime.default_cwd
     try:
-        await runtime.write_bytes(
-            posixpath.join(stage.path, SCRIPT_NAME), code.encode("utf-8"), mode=0o600
+        clock = time.monotonic()
+        script_argv, stdin_path = await _write_script(
+            stage, code, [*plan.files, RELAY_MODULE], options
         )
+        log.info("staged the script in %s in %.2fs", stage.path, _since(clock))
         context = ToolContext(
             task_id=options.task_id or uuid.uuid4().hex,
             environment=runtime,
@@ -408,10 +532,13 @@ async def run_in_stage(
         }
         script = Script(
             stage=stage.path,
-            argv=[runtime.python, posixpath.join(stage.path, SCRIPT_NAME)],
+            argv=[runtime.python, *script_argv],
             env=child_env,
             cwd=cwd,
+            stdin_path=stdin_path,
         )
+        log.info("running %s in %s", shlex.join(script.argv), cwd or "the default cwd")
+        clock = time.monotonic()
         launch = TRANSPORTS[stage.transport](runtime, server, script)
         try:
             async with launch as process:
@@ -428,6 +555,7 @@ async def run_in_stage(
                 if status == "interrupted":
                     server.abandon()  # end now: no drain of the calls in flight
                 lost = getattr(process, "lost", None)
+            log.info("the script ended (%s) after %.2fs", status, _since(clock))
         except TransportUnavailable as exc:
             raise RunError(str(exc)) from None
     finally:
@@ -442,7 +570,14 @@ async def run_in_stage(
         timeout=options.timeout,
         tools=plan.tools,
         lost=lost,
+        unstaged=set()
+        if _runs_in_place(runtime, options)
+        else _modules_beside(options.script_path),
     )
+
+
+def _since(clock: float) -> float:
+    return time.monotonic() - clock
 
 
 def with_cleanup_problem(result: ExecutionResult, problem: str | None) -> ExecutionResult:
@@ -479,7 +614,10 @@ async def run_code(
         raise RunError(f"code must be a string, got {type(code).__name__}")
     environment, base_env = make_environment(plan.options, plan.options.env)
     try:
+        log.info("starting the %s backend", plan.options.backend_name)
+        clock = time.monotonic()
         runtime = await environment.start()
+        log.info("the %s backend started in %.2fs", plan.options.backend_name, _since(clock))
         stage = await open_stage(runtime, plan, base_env)
         cleanup_problem: str | None = None
         try:
@@ -512,6 +650,7 @@ def _shape_result(
     timeout: float,
     tools: Sequence[str],
     lost: str | None = None,
+    unstaged: set[str] | None = None,
 ) -> ExecutionResult:
     output = clean_for_model(stdout.text())
     stderr_text = clean_for_model(stderr.text())
@@ -540,7 +679,7 @@ def _shape_result(
         last = _error_line(stderr_text)
         if last:
             error += f": {last}"
-        hint = failure_hint(stderr_text, tools)
+        hint = failure_hint(stderr_text, tools, beside=unstaged or ())
     total = stdout.buffer.total
     captured = stdout.shown_bytes
     warning = None
@@ -550,10 +689,7 @@ def _shape_result(
             "output are shown."
         )
         if stdout.spill_path:
-            warning += (
-                f" The full output is in {stdout.spill_path}; page it with "
-                f'read_file(path="{stdout.spill_path}", offset=...) instead of re-running.'
-            )
+            warning += " " + spill_notice(stdout.spill_path, for_model=True)
         elif stdout.spill_error:
             warning += f" ({stdout.spill_error})"
     return ExecutionResult(

@@ -44,12 +44,14 @@ FILES_DIR_PREFIX = "rpc-"
 @dataclass(frozen=True, slots=True)
 class Script:
     """What to start: the staged script's command line, its environment and working
-    directory, and the stage it lives in."""
+    directory, the stage it lives in, and the file in the sandbox its stdin reads (None:
+    /dev/null)."""
 
     stage: str
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None
+    stdin_path: str | None = None
 
     def with_env(self, **extra: str) -> Script:
         return dataclasses.replace(self, env={**self.env, **extra})
@@ -89,6 +91,7 @@ async def _under_relay(
                 env=script.env,
                 cwd=script.cwd,
                 socket_path=socket_path,
+                stdin_path=script.stdin_path,
             )
         except RelayError as exc:
             details = channel.stderr_tail.decode("utf-8", "replace").strip()
@@ -108,7 +111,11 @@ async def _started(environment: Runtime, server: RPCServer, script: Script) -> A
     (which then only starts and watches it: the calls take the other way)."""
     if environment.can_spawn:
         process = await environment.spawn(
-            script.argv, env=script.env, cwd=script.cwd, stage=script.stage
+            script.argv,
+            env=script.env,
+            cwd=script.cwd,
+            stage=script.stage,
+            stdin_path=script.stdin_path,
         )
         try:
             yield process

@@ -192,7 +192,10 @@ class Relay(object):
             env.pop(name, None)
         env.update(message.get("env") or {})
         self.socket_path = message.get("socket")
+        stdin = None
         try:
+            if message.get("stdin"):
+                stdin = open(message["stdin"], "rb")  # noqa: SIM115 - closed below
             if self.socket_path:
                 self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.listener.bind(self.socket_path)
@@ -204,17 +207,21 @@ class Relay(object):
                 message["argv"],
                 env=env,
                 cwd=message.get("cwd") or None,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
         except Exception as exc:
+            if stdin is not None:
+                stdin.close()
             self.send({"op": "error", "message": "cannot start the script: %s" % (exc,)})
             self.exit_code = 127
             self.send({"op": "exit", "code": 127})
             self.shutdown()
             return
+        if stdin is not None:
+            stdin.close()  # the script has its own copy
         for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)

@@ -55,7 +55,8 @@ def cli(*args: str, cwd: Path, stdin: str | None = None, env: dict | None = None
 
 
 def assert_usage_error(done: subprocess.CompletedProcess, *words: str) -> None:
-    """Exit 2, a single 'hermes-sandbox: error: ...' line naming ``words``, no traceback."""
+    """Exit 2, a single 'hermes-sandbox: error: ...' line naming ``words``, no traceback;
+    on stdout nothing, or under --json the same error as a result with status error."""
     assert "Traceback" not in done.stderr, done.stderr[-800:]
     assert done.returncode == 2, done.stderr[-800:]
     lines = done.stderr.strip().splitlines()
@@ -63,7 +64,12 @@ def assert_usage_error(done: subprocess.CompletedProcess, *words: str) -> None:
     assert lines[0].startswith("hermes-sandbox: error: ")
     for word in words:
         assert word in lines[0]
-    assert done.stdout == ""
+    if "--json" not in done.args:
+        assert done.stdout == ""
+        return
+    result = json.loads(done.stdout)
+    assert (result["status"], result["exit_code"]) == ("error", 2)
+    assert result["error"] == lines[0].removeprefix("hermes-sandbox: error: ")
 
 
 @pytest.fixture

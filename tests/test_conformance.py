@@ -357,6 +357,20 @@ def test_timeout_kills_the_whole_tree(target: Target) -> None:
     assert target.alive(pids) == [], f"{pids} survived the timeout in {target.backend}"
 
 
+def test_arguments_and_stdin_reach_the_script(target: Target) -> None:
+    """``argv`` is the script's sys.argv[1:] and ``stdin`` what it reads, however the
+    script is started there (spawned, or by the relay from the staged stdin file)."""
+    code = """
+        import sys
+        print(sys.argv[1:], repr(sys.stdin.buffer.read()))
+        """
+    result = target.run(code, argv=["one", "two words", "--x"], stdin=b"in\x00put\n")
+    assert result.status == "success", result.output
+    assert result.output == "['one', 'two words', '--x'] b'in\\x00put\\n'\n"
+    result = target.run(code)
+    assert result.output == "[] b''\n", result.output
+
+
 def test_budget_refuses_calls_past_the_limit(target: Target) -> None:
     result = target.run(
         """

@@ -600,14 +600,77 @@ async def test_a_container_that_cannot_start_is_removed(engine: Any) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_missing_image_is_not_available(engine: Any) -> None:
-    environment = DockerEnvironment(make_config(image="hermes-sandbox-no-such-image:1"))
+async def test_a_missing_image_that_cannot_be_pulled_is_not_available(engine: Any) -> None:
+    """A missing image is pulled; when no registry answers (one on a closed port here,
+    so no DNS or network is involved) the engine's reason and the ways out are said."""
+    image = "localhost:1/hermes-sandbox-no-such-image:1"
+    environment = DockerEnvironment(make_config(image=image))
     with pytest.raises(BackendNotAvailable) as caught:
         await environment.start()
     message = str(caught.value)
-    assert "hermes-sandbox-no-such-image:1" in message
+    assert image in message and "pulling it failed" in message
     assert "docker pull" in message and "scripts/podman-service" in message
     await environment.aclose()
+
+
+class PullingEngine:
+    """A stand-in for the SDK client where the image is missing until it is pulled (no
+    registry is reachable here): it answers images.get and a streamed api.pull."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.pulled: list[tuple[str, str | None]] = []
+        self._events = events
+        self.images = self
+        self.api = self
+
+    def get(self, image: str) -> Any:
+        if not self.pulled:
+            raise docker.errors.ImageNotFound(f"No such image: {image}")
+        return type("Image", (), {"id": "sha256:pulled"})()
+
+    def pull(self, repository: str, tag: str | None = None, **kwargs: Any) -> Any:
+        assert kwargs == {"stream": True, "decode": True}
+        for event in self._events:
+            yield event
+            if "error" in event:
+                return
+        self.pulled.append((repository, tag))
+
+
+@pytest.mark.anyio
+async def test_a_missing_image_is_pulled_with_progress(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if docker is None:
+        pytest.skip("the docker SDK is not installed")
+    monkeypatch.setattr(docker_backend, "PULL_REPORT_SECONDS", 3600.0)
+    events = [
+        {"status": "Pulling from library/python", "id": "3.12-slim"},
+        {"status": "Pulling fs layer", "id": "abc"},
+        {"status": "Downloading", "id": "abc", "progress": "[=>   ] 1MB/9MB"},
+        {"status": "Downloading", "id": "abc", "progress": "[==>  ] 2MB/9MB"},
+        {"status": "Pull complete", "id": "abc"},
+    ]
+    environment = DockerEnvironment(make_config(image="registry.example/python:3.12-slim"))
+    environment._client = PullingEngine(events)
+    with caplog.at_level("INFO", logger="hermes_sandbox.progress"):
+        assert await environment._image_id() == "sha256:pulled"
+    assert environment._client.pulled == [("registry.example/python", "3.12-slim")]
+    said = [r.getMessage() for r in caplog.records if r.name == "hermes_sandbox.progress"]
+    assert said[0] == "the image registry.example/python:3.12-slim is not here: pulling it"
+    assert "abc: Pull complete" in said[-2] and said[-1].startswith("pulled the image")
+    # Download ticks are reported at most every PULL_REPORT_SECONDS: one of the two here.
+    assert sum("Downloading" in line for line in said) == 1
+
+
+@pytest.mark.anyio
+async def test_a_pull_the_registry_refuses_is_not_available() -> None:
+    if docker is None:
+        pytest.skip("the docker SDK is not installed")
+    environment = DockerEnvironment(make_config(image="registry.example/nope:1"))
+    environment._client = PullingEngine([{"error": "manifest unknown"}])
+    with pytest.raises(BackendNotAvailable, match="pulling it failed: manifest unknown"):
+        await environment._image_id()
 
 
 @pytest.mark.anyio
@@ -760,7 +823,7 @@ def test_config_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HERMES_SANDBOX_DOCKER_IMAGE", raising=False)
     monkeypatch.setenv("DOCKER_HOST", "unix:///somewhere.sock")
     config = DockerSettings()
-    assert config.image == "python:3.11-slim"
+    assert config.image == "python:3.12-slim"
     assert config.docker_host == "unix:///somewhere.sock"
     assert (config.network, config.read_only_root, config.pids_limit) == (False, True, 256)
     monkeypatch.setenv("HERMES_SANDBOX_DOCKER_IMAGE", "mine:latest")
@@ -825,9 +888,10 @@ def test_the_command_line_reports_a_missing_image_without_a_traceback(
             "--backend",
             "docker",
             "--image",
-            f"no-such-image-{RUN_ID}:latest",
+            f"localhost:1/no-such-image-{RUN_ID}:latest",
             str(script),
         ],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -835,8 +899,10 @@ def test_the_command_line_reports_a_missing_image_without_a_traceback(
     )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stderr.startswith("hermes-sandbox: error:")
-    assert f"no-such-image-{RUN_ID}" in result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("hermes-sandbox: the image") and "pulling it" in lines[0]
+    assert lines[-1].startswith("hermes-sandbox: error:")
+    assert f"no-such-image-{RUN_ID}" in lines[-1]
 
 
 # -- whole runs through the runner: the relay over docker exec ------------------------

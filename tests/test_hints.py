@@ -21,7 +21,10 @@ from hermes_sandbox.hints import failure_hint
         ),
         ("NameError: name 'json_parse' is not defined", "from hermes_tools import json_parse"),
         ("NameError: name 'terminal' is not defined", "from hermes_tools import terminal"),
-        ("ModuleNotFoundError: No module named 'pandas'", "'pandas' is not installed"),
+        (
+            "ModuleNotFoundError: No module named 'pandas'",
+            "neither beside the script nor installed for the sandbox's Python",
+        ),
         ("TypeError: string indices must be integers, not 'str'", "return parsed values"),
         ("AttributeError: 'str' object has no attribute 'get'", "return parsed values"),
         (
@@ -54,3 +57,15 @@ def test_a_successful_run_has_no_hint():
     result = execute_code("print('fine')\n", timeout=30)
     assert result.hint is None
     assert "hint" not in result.to_dict()
+
+
+def test_a_missing_module_is_not_blamed_on_the_sandbox():
+    """The hint for a missing module says it may be the script's own, not only that the
+    sandbox lacks a package; one that is beside the script on the host but was not
+    copied into the sandbox is named as such."""
+    stderr = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'helpers'"
+    hint = failure_hint(stderr, [])
+    assert hint is not None and "put it beside the script" in hint
+    assert "is not installed" not in hint
+    hint = failure_hint(stderr.replace("'helpers'", "'pkg.sub'"), [], beside={"pkg"})
+    assert hint is not None and "'pkg' is beside the script on this host" in hint

@@ -457,7 +457,7 @@ def test_config_refuses_unknown_keys_and_bad_values() -> None:
 def test_config_defaults_and_settings_from_a_run() -> None:
     config = ModalSettings()
     assert config.block_network is True and config.persist is False
-    assert config.image == "python:3.11-slim" and config.python == "python3"
+    assert config.image == "python:3.12-slim" and config.python == "python3"
     assert config.sandbox_name is None and config.timeout == 900
     env = ModalEnvironment.for_run(
         {"image": "my/img:1", "region": ["eu-west"]},
@@ -915,7 +915,7 @@ async def test_a_platform_error_at_creation_is_a_clear_failure(
     with pytest.raises(EnvironmentFailure) as caught:
         await make_env(options).start()
     text = str(caught.value)
-    assert "creating a Modal sandbox from the image 'python:3.11-slim'" in text
+    assert "creating a Modal sandbox from the image 'python:3.12-slim'" in text
     assert type(failure).__name__ in text and str(failure) in text
     assert not fake.sandboxes
 

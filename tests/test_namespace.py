@@ -45,6 +45,7 @@ def _run_cli(python: Path, job: Path, *args: str) -> dict:
     done = subprocess.run(
         [str(python.parent / "hermes-sandbox"), "run", "job.py", "--json", *args],
         cwd=job,
+        stdin=subprocess.DEVNULL,  # piped stdin would be the script's, read to its end
         capture_output=True,
         text=True,
         timeout=120,

@@ -39,6 +39,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -84,17 +85,21 @@ from hermes_sandbox.environments.docker.settings import (
 from hermes_sandbox.environments.docker.stream import DockerExecStream, ThreadedSocketStream
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+from hermes_sandbox.environments.settings import PROGRESS_LOGGER
 from hermes_sandbox.threads import kill_limiter
 
 try:
     import docker
     import docker.errors
     import docker.types
+    import docker.utils
     import requests.exceptions
 except ImportError:  # reported by DockerEnvironment.start, so DockerSettings works without it
     docker = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger(PROGRESS_LOGGER)
+PULL_REPORT_SECONDS = 5.0  # how often a pull's download progress is reported
 
 JANITOR_PATH = str(resources.files(__package__).joinpath("janitor.py"))
 
@@ -173,13 +178,17 @@ class DockerEnvironment(ExecStreamEnvironment):
     async def _image_id(self) -> str:
         image = self.settings.image
         try:
-            found = await anyio.to_thread.run_sync(self._client.images.get, image)
+            try:
+                found = await anyio.to_thread.run_sync(self._client.images.get, image)
+            except docker.errors.ImageNotFound:
+                await self._pull(image)
+                found = await anyio.to_thread.run_sync(self._client.images.get, image)
         except docker.errors.ImageNotFound as exc:
             raise BackendNotAvailable(
                 f"the image {image!r} is not in the container engine at "
-                f"{shown_address(self.settings.docker_host)}: pull it (docker pull {image}), or "
-                "build hermes-sandbox-python:bookworm with scripts/podman-service, or choose "
-                f"another image with DockerSettings(image=...) or ${IMAGE_VAR}"
+                f"{shown_address(self.settings.docker_host)} and pulling it did not make it "
+                "so: build hermes-sandbox-python:bookworm with scripts/podman-service, or "
+                f"choose another image with DockerSettings(image=...) or ${IMAGE_VAR}"
             ) from exc
         except docker.errors.APIError as exc:
             raise EnvironmentFailure(
@@ -188,6 +197,40 @@ class DockerEnvironment(ExecStreamEnvironment):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise EnvironmentFailure(f"looking up the image {image!r}: {exc}") from exc
         return str(found.id)
+
+    async def _pull(self, image: str) -> None:
+        """Pull a missing image, reporting its progress on the progress logger. Raises
+        BackendNotAvailable when the engine cannot (no registry reachable, no such
+        image): the message says how to get it another way."""
+        progress.info("the image %s is not here: pulling it", image)
+        repository, tag = docker.utils.parse_repository_tag(image)
+
+        def pull() -> None:
+            reported: float | None = None  # when download progress was last reported
+            for event in self._client.api.pull(repository, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    raise docker.errors.APIError(str(event["error"]))
+                status, layer = event.get("status", ""), event.get("id")
+                if status in ("Downloading", "Extracting") and event.get("progress"):
+                    now = time.monotonic()
+                    if reported is not None and now - reported < PULL_REPORT_SECONDS:
+                        continue
+                    reported = now
+                    status = f"{status} {event['progress']}"
+                progress.info("pull %s: %s%s", image, f"{layer}: " if layer else "", status)
+
+        try:
+            await anyio.to_thread.run_sync(pull)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise BackendNotAvailable(
+                f"the image {image!r} is not in the container engine at "
+                f"{shown_address(self.settings.docker_host)}, and pulling it failed: "
+                f"{_engine_message(exc)}. "
+                "Pull or build it where a registry can be reached (docker pull "
+                f"{image}; scripts/podman-service builds hermes-sandbox-python:bookworm), or "
+                f"choose another image with DockerSettings(image=...) or ${IMAGE_VAR}"
+            ) from exc
+        progress.info("pulled the image %s", image)
 
     async def _attach(self, image_id: str) -> None:
         config = self.settings

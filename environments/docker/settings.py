@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.environments.settings import DEFAULT_PYTHON_IMAGE, BackendSettings
 from hermes_sandbox.errors import SettingError
 
 SDK_MISSING = "the docker backend needs the docker SDK: pip install 'hermes-sandbox[docker]'"
-FALLBACK_IMAGE = "python:3.11-slim"
+FALLBACK_IMAGE = DEFAULT_PYTHON_IMAGE
 DEFAULT_DOCKER_SOCKET = "unix:///var/run/docker.sock"  # where the SDK looks without DOCKER_HOST
 IMAGE_VAR = "HERMES_SANDBOX_DOCKER_IMAGE"  # overrides FALLBACK_IMAGE as the default image
 LABEL_PREFIX = "hermes-sandbox."

@@ -6,11 +6,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.environments.settings import DEFAULT_PYTHON_IMAGE, BackendSettings
 from hermes_sandbox.errors import BackendNotAvailable
 
 DEFAULT_APP_NAME = "hermes-sandbox"
-DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_IMAGE = DEFAULT_PYTHON_IMAGE
 MAX_SANDBOX_SECONDS = 24 * 3600  # Modal's longest sandbox lifetime
 _NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,64}$")  # Modal's rule for object names
 

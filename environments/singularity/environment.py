@@ -80,6 +80,7 @@ import psutil
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.local import LocalExecStream
+from hermes_sandbox.environments.settings import DEFAULT_PYTHON_IMAGE
 from hermes_sandbox.environments.singularity.settings import (
     IMAGE_VAR,
     SingularitySettings,
@@ -442,7 +443,7 @@ class SingularityEnvironment(ExecStreamEnvironment):
             return BackendNotAvailable(
                 f"{os.path.basename(self.executable or 'apptainer')} cannot open the image "
                 f"{image!r}: {said}. Build or pull it first (apptainer pull image.sif "
-                "docker://python:3.11-slim), or set the backend's `image` to a SIF file "
+                f"docker://{DEFAULT_PYTHON_IMAGE}), or set the backend's `image` to a SIF file "
                 f"or a docker:// URI (or export ${IMAGE_VAR})"
             )
         return EnvironmentFailure(
