@@ -172,7 +172,8 @@ class Kernel:
         self._options = options
         self._cwd = cwd
         self._marker = ("\x1e" + secrets.token_hex(16) + "\x1e").encode("ascii")
-        self._cells_in, self._cells_out = anyio.create_memory_object_stream[_Cell](1)
+        self._cells_in: Any = None  # the cells to run, made by start()
+        self._cells_out: Any = None
         self._cell: _Cell | None = None
         self._gate = self._new_gate(options)
         self._between = {1: bytearray(), 2: bytearray()}
@@ -204,6 +205,7 @@ class Kernel:
         path = posixpath.join(self._stage.path, KERNEL_MODULE)
         await runtime.write_bytes(path, kernel_source().encode(), mode=0o600)
         self._token = anyio.lowlevel.current_token()
+        self._cells_in, self._cells_out = anyio.create_memory_object_stream[_Cell](1)
         await task_group.start(self._own, path)
         for victim in _admit(self):
             await victim.evict(
@@ -254,6 +256,7 @@ class Kernel:
             self.end_reason = self.end_reason or f"it failed ({exc})"
         finally:
             self._cells_in.close()
+            self._cells_out.close()
             self._ended.set()
             _forget(self)
             self._gone.set()
