@@ -8,6 +8,8 @@ cells print) and its own container.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,8 +25,10 @@ from test_conformance import (  # noqa: F401 - fixtures, found by name
 )
 from test_sessions import SessionTarget, _container_exists
 
-from hermes_sandbox import AsyncSession, RunError, Session
+from hermes_sandbox import AsyncSession, RunError, Session, ToolRegistry
+from hermes_sandbox.execute_code_tool import close_task_session, register_execute_code
 from hermes_sandbox.kernel import LIMITS, set_interpreter_limits
+from hermes_sandbox.tools.registry import ToolContext
 
 WAIT = 60.0  # generous: how long a test waits for something to end
 
@@ -251,3 +255,33 @@ def test_interrupt_ends_the_interpreter(held_local: Any, portal: Any) -> None:  
             assert fresh.output == "False\n"
 
     anyio.run(main)
+
+
+def test_execute_code_keeps_the_interpreter_of_each_task(
+    held_local: Any,  # noqa: F811
+    portal: Any,  # noqa: F811
+) -> None:
+    registry = ToolRegistry()
+    register_execute_code(registry, enabled_tools=[], persistent=True)
+    target = SessionTarget("local", "unix", held_local, portal)
+
+    def call(task: str, code: str, **args: Any) -> dict[str, Any]:
+        context = ToolContext(task_id=task, environment=None, cwd=os.getcwd())
+        result = json.loads(registry.dispatch("execute_code", {"code": code, **args}, context))
+        assert result["status"] == "success", result
+        return dict(result)
+
+    task_a, task_b = f"pa-{RUN_ID}", f"pb-{RUN_ID}"
+    try:
+        pid = int(call(task_a, PID + "\nx = 'a'")["output"])
+        assert call(task_a, "print(x)")["output"] == "a\n"
+        assert call(task_b, "print('x' in globals())")["output"] == "False\n"
+        fresh = call(task_a, "print('x' in globals())", reset=True)
+        assert fresh["output"] == "False\n" and fresh["interpreter_started"] is True
+        assert target.alive([pid]) == []
+        pid = int(call(task_a, PID)["output"])
+        assert close_task_session(task_a)
+        assert target.alive([pid]) == []
+    finally:
+        close_task_session(task_a)
+        close_task_session(task_b)
