@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -285,3 +287,46 @@ def test_execute_code_keeps_the_interpreter_of_each_task(
     finally:
         close_task_session(task_a)
         close_task_session(task_b)
+
+
+HOST = """
+import sys, time
+from hermes_sandbox import Session
+s = Session(persistent=True, transport=sys.argv[1], timeout=60)
+s.start()
+result = s.run("import hermes_tools, os; print(os.path.dirname(hermes_tools.__file__))")
+print(result.output.strip(), flush=True)
+time.sleep(600)
+"""
+
+
+def _running_in(stage: str) -> list[int]:
+    """This machine's processes whose command line names ``stage`` (this test's own)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if stage.encode() in handle.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("transport", ["unix", "relay"])
+def test_the_interpreter_ends_when_its_host_dies(transport: str) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", HOST, transport], stdout=subprocess.PIPE, text=True
+    ) as host:
+        try:
+            assert host.stdout is not None
+            stage = host.stdout.readline().strip()
+            assert stage.startswith("/") and _running_in(stage), stage
+        finally:
+            host.kill()
+            host.wait(WAIT)
+    deadline = time.monotonic() + WAIT
+    while _running_in(stage) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _running_in(stage) == [], "the interpreter outlived its host"
