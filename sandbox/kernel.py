@@ -185,10 +185,20 @@ class Kernel:
         self.exit_code: int | None = None
         self.end_reason: str | None = None  # why it ended (or will), for the result
         self.lost: str | None = None  # why the sandbox went away, if it did
+        self.loss_reported = False  # whether a run's result said it ended
 
     @property
     def alive(self) -> bool:
         return not self._ended.is_set() and not self._stop.is_set()
+
+    def unreported_end(self) -> str | None:
+        """Why it ended between runs (idle, the limit), if no run's result said so."""
+        if self.alive or self.loss_reported:
+            return None
+        return (
+            f"The persistent interpreter had ended between runs ({self.end_reason}); this "
+            "run started a fresh one: globals from earlier runs are gone."
+        )
 
     def _new_gate(self, options: RunOptions) -> ToolGate:
         budget = ToolCallBudget(options.max_tool_calls, parent=options.budget)
@@ -277,6 +287,8 @@ class Kernel:
             return
 
         def stop_there() -> None:
+            if self._gone.is_set():
+                return
             try:
                 anyio.from_thread.run_sync(self._stop.set, token=self._token)
             except RuntimeError:  # its event loop has ended, and the kernel with it
@@ -440,6 +452,7 @@ class Kernel:
         result.interpreter_started = fresh
         result.state_lost = not self.alive
         if result.state_lost:
+            self.loss_reported = True
             note = (
                 f"The persistent interpreter ended ({self.end_reason or 'it exited'}): its "
                 "globals are gone and the next run starts a fresh one."

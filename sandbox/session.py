@@ -251,8 +251,10 @@ class AsyncSession:
             changes["cwd"] = cwd or self._plan.options.cwd or default
             options = dataclasses.replace(self._plan.options, **changes).validate()
             if self.persistent:
+                previous = self._kernel
                 kernel = await self._live_kernel(options)
-                return await kernel.run_cell(
+                note = previous.unreported_end() if previous not in (None, kernel) else None
+                result = await kernel.run_cell(
                     code,
                     options,
                     cwd=cwd,
@@ -261,6 +263,9 @@ class AsyncSession:
                     interrupt=interrupt,
                     started=started,
                 )
+                if note:
+                    result.warning = f"{note} {result.warning}" if result.warning else note
+                return result
             return await run_in_stage(
                 self._stage,
                 code,

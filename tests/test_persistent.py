@@ -195,6 +195,7 @@ def test_the_least_recently_used_interpreter_is_shut_down_beyond_the_limit(
         ok(sessions[0].run("print(x)"))  # kept
         evicted = ok(sessions[1].run("print('x' in globals())"))
         assert evicted.output == "False\n" and evicted.interpreter_started is True
+        assert "least recently used" in (evicted.warning or ""), evicted.warning
     finally:
         for s in sessions:
             s.close()
@@ -211,6 +212,7 @@ def test_an_idle_interpreter_is_shut_down(held_local: Any, portal: Any) -> None:
         assert target.alive([pid]) == [], "the idle interpreter was not shut down"
         fresh = ok(s.run("print('x' in globals())"))
         assert fresh.output == "False\n" and fresh.interpreter_started is True
+        assert "idle" in (fresh.warning or ""), fresh.warning
 
 
 def test_limits_are_checked() -> None:
