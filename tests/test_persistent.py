@@ -134,7 +134,7 @@ def test_a_timeout_kills_the_interpreter_and_says_its_state_is_lost(
 ) -> None:
     with target.session(persistent=True) as s:
         pid = int(ok(s.run(PID + "\nx = 1")).output)
-        late = s.run("print('started', flush=True)\nimport time\ntime.sleep(600)", timeout=3)
+        late = s.run("print('started', flush=True)\nimport time\ntime.sleep(600)", timeout=5)
         assert late.status == "timeout" and late.exit_code == 124
         assert "started" in late.output
         assert late.state_lost is True and "timed out" in (late.warning or "")
