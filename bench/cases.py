@@ -40,6 +40,7 @@ SECTIONS = {
     "concurrent": "5. Concurrent runs, each making 20 tool calls",
     "payload": "6. Large tool results, round trip",
     "warm": "7. print(1) in a warm Session, a one-shot run beside it as the baseline",
+    "cell": "8. print(1) as a cell of a persistent interpreter, a warm Session run beside it",
 }
 
 
@@ -165,6 +166,10 @@ def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
     return _paired(samples, "warm", "one_shot")
 
 
+def _summarize_cell(samples: list[Sample]) -> dict[str, Any]:
+    return _paired(samples, "cell", "warm")
+
+
 def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
     walls = [s["wall_s"] for s in samples]
     runs = [x for s in samples for x in s["run_s"]]
@@ -274,6 +279,7 @@ def build_cases(settings: Settings) -> list[Case]:
     paired = [
         ("cold", subject.run_cold, _summarize_cold, BACKENDS),
         ("warm", subject.run_warm, _summarize_warm, local),
+        ("cell", subject.run_cell, _summarize_cell, local),
     ]
     for section, measure, summarize, backends in paired:
         for b in backends:

@@ -225,6 +225,16 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
                 note="ratio: warm p50 / one-shot p50, the two interleaved",
             )
         )
+    if "cell" in by_section:
+        out.append(
+            _simple_table(
+                "cell",
+                by_section["cell"],
+                ["cell p50 ms", "cell p90 ms", "warm p50 ms", "warm p90 ms", "ratio", "runs"],
+                _paired_cells("cell", "warm"),
+                note="ratio: cell p50 / warm-session run p50, the two interleaved",
+            )
+        )
     return out
 
 

@@ -217,6 +217,41 @@ def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
     return {"warm_ms": warm_ms, "one_shot_ms": one_shot_ms}
 
 
+def run_cell(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """``print(1)`` as one cell of a persistent interpreter and as a run in a warm
+    (non-persistent) :class:`Session` beside it (the baseline), interleaved, ``runs``
+    each; one untimed run of each first (the first cell starts the interpreter)."""
+    options: dict[str, Any] = {"registry": bench_registry(), "tools": (), "timeout": 300}
+    options.update(run_options)
+    try:
+        kernel = Session(persistent=True, **options)
+        kernel.start()
+        session = Session(**options)
+        session.start()
+    except (RunError, BackendError) as exc:
+        raise NotAvailable(str(exc)) from exc
+    timed: dict[str, list[float]] = {"cell_ms": [], "warm_ms": []}
+
+    def once(which: Session, key: str | None) -> None:
+        t0 = time.perf_counter()
+        result = which.run("print(1)")
+        if key is not None:
+            timed[key].append((time.perf_counter() - t0) * 1000)
+        if _killed(result):
+            raise ScriptKilled(f"print(1) was killed (exit code {result.exit_code})")
+        if result.status != "success" or result.output.strip() != "1":
+            raise RuntimeError(f"print(1) gave {result.to_dict()}")
+
+    with kernel, session:
+        once(kernel, None)
+        once(session, None)
+        for i in range(runs):
+            pair = [(kernel, "cell_ms"), (session, "warm_ms")]
+            for which, key in pair if i % 2 == 0 else reversed(pair):
+                once(which, key)
+    return timed
+
+
 class RSSSampler:
     """Samples this process's resident set size in a thread until stopped."""
 

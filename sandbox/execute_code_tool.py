@@ -256,6 +256,7 @@ def register_execute_code(
     *,
     enabled_tools: Sequence[str] | None = None,
     options: RunOptions | None = None,
+    persistent: bool = False,
 ) -> ToolEntry:
     """(Re-)register execute_code for a session whose enabled tools are ``enabled_tools``,
     and return its entry (``entry.schema`` is the OpenAI-format definition).
@@ -270,7 +271,9 @@ def register_execute_code(
     "default") run in one warm sandbox, kept until :func:`close_task_session` (call it
     when the task ends) or :func:`close_all_sessions` (at shutdown; also run at exit);
     ``reset`` makes it anew. Registering again closes the sessions of the previous
-    registration on the same registry.
+    registration on the same registry. With ``persistent=True`` each task's sandbox
+    keeps one interpreter whose globals survive between scripts (see
+    :class:`~hermes_sandbox.session.AsyncSession`); ``reset`` discards them.
     """
     registry = default_registry if registry is None else registry
     if registry is default_registry:
@@ -281,7 +284,9 @@ def register_execute_code(
     previous = _registered_sessions.get(id(registry))
     if previous is not None:
         previous.close_all()
-    sessions = _registered_sessions[id(registry)] = TaskSessions(base, registry)
+    sessions = _registered_sessions[id(registry)] = TaskSessions(
+        base, registry, persistent=persistent
+    )
 
     async def handle(args: dict[str, Any], ctx: ToolContext | None) -> str:
         problem = _bad_arguments(args)

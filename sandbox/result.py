@@ -27,6 +27,11 @@ class ExecutionResult:
     warning: str | None = None
     stdout_spill_path: str | None = None
     hint: str | None = None
+    # A persistent session's run only (None otherwise): whether it began in a new
+    # interpreter (no globals from earlier runs), and whether the interpreter ended in
+    # it (a timeout, sys.exit...), taking its globals: the next run starts a new one.
+    interpreter_started: bool | None = None
+    state_lost: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -54,6 +59,10 @@ class ExecutionResult:
             result["warning"] = self.warning
         if self.stdout_spill_path is not None:
             result["stdout_spill_path"] = self.stdout_spill_path
+        if self.interpreter_started is not None:
+            result["interpreter_started"] = self.interpreter_started
+        if self.state_lost is not None:
+            result["state_lost"] = self.state_lost
         return result
 
     def to_json(self, **kwargs: Any) -> str:

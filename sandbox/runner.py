@@ -16,6 +16,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +46,7 @@ from hermes_sandbox.output import (
 from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult, Status
 from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
+from hermes_sandbox.rpc.server import RequestHandler
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
 from hermes_sandbox.streaming import OutputCallback, StreamedOutput
 from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
@@ -472,6 +474,55 @@ async def remove_stage(runtime: Runtime, stage: str) -> str | None:
     return None
 
 
+def run_sinks(options: RunOptions) -> tuple[CappedOutput, CappedOutput]:
+    """The capped sinks a run's stdout and stderr go to, under ``options``' caps."""
+    stdout = CappedOutput(
+        options.max_stdout_bytes,
+        spill_limit=options.max_spill_bytes,
+        spill_dir=options.spill_dir,
+    )
+    return stdout, CappedOutput(options.max_stderr_bytes)
+
+
+def tool_context(stage: Stage, options: RunOptions, cwd: str) -> ToolContext:
+    """What the tools a run calls see: its task, environment, directory and policy."""
+    return ToolContext(
+        task_id=options.task_id or uuid.uuid4().hex,
+        environment=stage.runtime,
+        cwd=cwd,
+        approval=options.approval,
+        workspace_root=options.workspace_root,
+    )
+
+
+def launch_script(
+    stage: Stage,
+    handler: RequestHandler,
+    argv: list[str],
+    cwd: str,
+    options: RunOptions,
+    extra_env: Mapping[str, str] | None = None,
+    *,
+    stdin_path: str | None = None,
+) -> tuple[RPCServer, AbstractAsyncContextManager[Any]]:
+    """The launch of ``argv`` in ``stage`` over the stage's transport, with a server of
+    its own (a fresh token) answering its calls with ``handler``: entering the launch
+    starts the program and serves it, and yields the running process; leaving it ends
+    both. The program's stdin reads ``stdin_path`` (a file in the stage), else nothing."""
+    token = secrets.token_urlsafe(32)
+    server = RPCServer(handler, token=token, max_frame_size=options.max_frame_size)
+    pythonpath = stage.base_env.get("PYTHONPATH")
+    child_env = {
+        **stage.base_env,
+        **(extra_env or {}),
+        "HERMES_RPC_TOKEN": token,
+        "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
+        "PYTHONPATH": stage.path + (os.pathsep + pythonpath if pythonpath else ""),
+    }
+    script = Script(stage=stage.path, argv=argv, env=child_env, cwd=cwd, stdin_path=stdin_path)
+    return server, TRANSPORTS[stage.transport](stage.runtime, server, script)
+
+
 async def run_in_stage(
     stage: Stage,
     code: str,
@@ -499,12 +550,7 @@ async def run_in_stage(
     await anyio.to_thread.run_sync(
         sweep_spill_dir, options.spill_dir or default_spill_dir(), options.spill_retention
     )
-    stdout = CappedOutput(
-        options.max_stdout_bytes,
-        spill_limit=options.max_spill_bytes,
-        spill_dir=options.spill_dir,
-    )
-    stderr = CappedOutput(options.max_stderr_bytes)
+    stdout, stderr = run_sinks(options)
     lost: str | None = None  # why the sandbox went away mid-run, if it did
     cwd = options.cwd or runtime.default_cwd
     try:
@@ -513,33 +559,12 @@ async def run_in_stage(
             stage, code, [*plan.files, RELAY_MODULE], options
         )
         log.info("staged the script in %s in %.2fs", stage.path, _since(clock))
-        context = ToolContext(
-            task_id=options.task_id or uuid.uuid4().hex,
-            environment=runtime,
-            cwd=cwd,
-            approval=options.approval,
-            workspace_root=options.workspace_root,
+        gate = ToolGate(plan.registry, plan.tools, budget, tool_context(stage, options, cwd))
+        server, launch = launch_script(
+            stage, gate, [runtime.python, *script_argv], cwd, options, stdin_path=stdin_path
         )
-        gate = ToolGate(plan.registry, plan.tools, budget, context)
-        token = secrets.token_urlsafe(32)
-        server = RPCServer(gate, token=token, max_frame_size=options.max_frame_size)
-        pythonpath = stage.base_env.get("PYTHONPATH")
-        child_env = {
-            **stage.base_env,
-            "HERMES_RPC_TOKEN": token,
-            "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
-            "PYTHONPATH": stage.path + (os.pathsep + pythonpath if pythonpath else ""),
-        }
-        script = Script(
-            stage=stage.path,
-            argv=[runtime.python, *script_argv],
-            env=child_env,
-            cwd=cwd,
-            stdin_path=stdin_path,
-        )
-        log.info("running %s in %s", shlex.join(script.argv), cwd or "the default cwd")
+        log.info("running %s in %s", shlex.join([runtime.python, *script_argv]), cwd)
         clock = time.monotonic()
-        launch = TRANSPORTS[stage.transport](runtime, server, script)
         try:
             async with launch as process:
                 status, exit_code = await _supervise(
@@ -560,7 +585,7 @@ async def run_in_stage(
             raise RunError(str(exc)) from None
     finally:
         stdout.close()
-    return _shape_result(
+    return shape_result(
         status,
         exit_code,
         stdout,
@@ -639,7 +664,7 @@ async def run_code(
     return with_cleanup_problem(result, cleanup_problem)
 
 
-def _shape_result(
+def shape_result(
     status: Status,
     exit_code: int | None,
     stdout: CappedOutput,

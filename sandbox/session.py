@@ -15,14 +15,17 @@ import posixpath
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 
 from hermes_sandbox.environments import BackendSettings, Environment, Runtime
 from hermes_sandbox.errors import RunError
+from hermes_sandbox.kernel import Kernel
 from hermes_sandbox.result import ExecutionResult
 from hermes_sandbox.runner import (
     Plan,
@@ -39,10 +42,9 @@ from hermes_sandbox.tools.registry import ToolRegistry
 from hermes_sandbox.tools.toolsets import tools_for_run
 
 WORKSPACE_PREFIX = "hermes-session-"
-PERSISTENT_NOT_AVAILABLE = (
-    "persistent=True (an interpreter whose globals survive between runs) is not "
-    "available yet; a later release adds it. Use persistent=False: each run is a new "
-    "process in the same warm environment and workspace."
+NEEDS_ASYNC_WITH = (
+    "a persistent AsyncSession keeps its interpreter in a task of its own: use it as "
+    "`async with AsyncSession(..., persistent=True) as s:`"
 )
 
 
@@ -58,9 +60,13 @@ class AsyncSession:
     session are sequential: a call made while another is in progress raises
     :class:`RunError` rather than wait.
 
-    Raises :class:`RunError` for options that make no sense (``persistent=True``
-    among them, for now) and :class:`~hermes_sandbox.environments.BackendError` when
-    the backend cannot be started.
+    With ``persistent=True`` the runs are cells of one interpreter whose globals
+    survive between them (see :mod:`sandbox.kernel`); the session must then be used
+    as ``async with``.
+
+    Raises :class:`RunError` for options that make no sense and
+    :class:`~hermes_sandbox.environments.BackendError` when the backend cannot be
+    started.
     """
 
     def __init__(
@@ -78,8 +84,6 @@ class AsyncSession:
         registry: ToolRegistry | None = None,
         **options: Any,
     ) -> None:
-        if persistent:
-            raise RunError(PERSISTENT_NOT_AVAILABLE)
         if isinstance(tools, str) or isinstance(toolsets, str):
             raise RunError('tools and toolsets are lists of names, not a string: ["terminal"]')
         chosen = tools_for_run(tools, toolsets, registry)
@@ -101,6 +105,10 @@ class AsyncSession:
         self._start_in_workspace = start_in_workspace
         self._busy: str | None = None  # what is in progress
         self._closed = False
+        self.persistent = persistent
+        self._kernel: Kernel | None = None
+        self._kernel_tasks: anyio.abc.TaskGroup | None = None  # while inside `async with`
+        self._exit_stack: AsyncExitStack | None = None
 
     # -- what a caller may look at ------------------------------------------------------
 
@@ -128,7 +136,13 @@ class AsyncSession:
     # -- the lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        if not self.persistent:
+            await self.start()
+            return self
+        async with AsyncExitStack() as stack:
+            self._kernel_tasks = await stack.enter_async_context(anyio.create_task_group())
+            await self.start()
+            self._exit_stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -137,7 +151,13 @@ class AsyncSession:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        stack, self._exit_stack = self._exit_stack, None
+        try:
+            await self.aclose()
+        finally:
+            self._kernel_tasks = None
+            if stack is not None:
+                await stack.aclose()
 
     async def start(self) -> None:
         """Start the environment and make the stage and the workspace (done for you by
@@ -169,6 +189,9 @@ class AsyncSession:
         if environment is None:
             return None
         try:
+            kernel, self._kernel = self._kernel, None
+            if kernel is not None:
+                await kernel.shut_down("the session was reset or closed")
             if stage is not None:
                 problem = await remove_stage(stage.runtime, stage.path)
             if workspace is not None and stage is not None:
@@ -227,6 +250,22 @@ class AsyncSession:
             default = self._workspace if self._start_in_workspace else None
             changes["cwd"] = cwd or self._plan.options.cwd or default
             options = dataclasses.replace(self._plan.options, **changes).validate()
+            if self.persistent:
+                previous = self._kernel
+                kernel = await self._live_kernel(options)
+                note = previous.unreported_end() if previous not in (None, kernel) else None
+                result = await kernel.run_cell(
+                    code,
+                    options,
+                    cwd=cwd,
+                    on_stdout=on_stdout,
+                    on_stderr=on_stderr,
+                    interrupt=interrupt,
+                    started=started,
+                )
+                if note:
+                    result.warning = f"{note} {result.warning}" if result.warning else note
+                return result
             return await run_in_stage(
                 self._stage,
                 code,
@@ -274,6 +313,18 @@ class AsyncSession:
             return target
 
     # -- helpers --------------------------------------------------------------------------
+
+    async def _live_kernel(self, options: RunOptions) -> Kernel:
+        """The session's interpreter, started anew if it ended (or never started)."""
+        if self._kernel_tasks is None:
+            raise RunError(NEEDS_ASYNC_WITH)
+        if self._kernel is None or not self._kernel.alive:
+            assert self._stage is not None
+            cwd = options.cwd or self._stage.runtime.default_cwd
+            kernel = Kernel(self._stage, self._plan, options, cwd)
+            await kernel.start(self._kernel_tasks)
+            self._kernel = kernel
+        return self._kernel
 
     def _runtime(self) -> Runtime:
         assert self._stage is not None
@@ -333,6 +384,7 @@ class Session:
         )
         self._portal_cm: Any = None
         self._portal: Any = None
+        self._held: Any = None  # a persistent session, entered in a task of the loop
 
     @property
     def options(self) -> RunOptions:
@@ -368,6 +420,14 @@ class Session:
                 raise RunError("this session is closed; start a new one")
             self._portal_cm = anyio.from_thread.start_blocking_portal()
             self._portal = self._portal_cm.__enter__()
+            if self._session.persistent:  # its interpreter needs the `async with`
+                held = self._portal.wrap_async_context_manager(self._session)
+                try:
+                    held.__enter__()
+                except BaseException:
+                    self._stop_loop()
+                    raise
+                self._held = held
         return self._portal.call(lambda: func(*args, **kwargs))
 
     def start(self) -> None:
@@ -402,8 +462,13 @@ class Session:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
-        portal_cm, self._portal, self._portal_cm = self._portal_cm, None, None
-        portal_cm.__exit__(None, None, None)
+        held, self._held = self._held, None
+        try:
+            if held is not None:
+                held.__exit__(None, None, None)
+        finally:
+            portal_cm, self._portal, self._portal_cm = self._portal_cm, None, None
+            portal_cm.__exit__(None, None, None)
 
 
-__all__ = ["PERSISTENT_NOT_AVAILABLE", "AsyncSession", "Session"]
+__all__ = ["AsyncSession", "Session"]

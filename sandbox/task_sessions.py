@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 
 from hermes_sandbox.environments import BackendError
@@ -29,6 +31,7 @@ from hermes_sandbox.tools.async_bridge import PortalThread
 from hermes_sandbox.tools.registry import ToolRegistry
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _loop = PortalThread("hermes-sandbox-sessions")
 _all_lock = threading.Lock()
@@ -42,13 +45,26 @@ class TaskSessions:
     Calls for one task run one after another (a second waits for the first); calls
     for different tasks run at once. A run that fails with a BackendError (the
     sandbox went away) closes its task's session: the next call starts a new one.
+
+    With ``persistent`` each task's session keeps one interpreter whose globals survive
+    between calls; the sessions are then entered (``async with``) in tasks of a task
+    group this registration keeps on the sessions' loop.
     """
 
-    def __init__(self, options: RunOptions, registry: ToolRegistry) -> None:
+    def __init__(
+        self, options: RunOptions, registry: ToolRegistry, *, persistent: bool = False
+    ) -> None:
         self._options = options
         self._registry = registry
+        self._persistent = persistent
         self._sessions: dict[str, AsyncSession] = {}
         self._locks: dict[str, anyio.Lock] = {}  # used on the sessions' loop only
+        self._holders: dict[str, tuple[anyio.Event, anyio.Event]] = {}  # closing, closed
+        self._tasks: anyio.abc.TaskGroup | None = None
+        if persistent:
+            ready = threading.Event()
+            _loop.start_soon(self._hold_tasks, ready)
+            ready.wait()
         global _exit_hook
         with _all_lock:
             _all.add(self)
@@ -58,6 +74,33 @@ class TaskSessions:
                 _loop.run(anyio.lowlevel.checkpoint())
                 atexit.register(close_all_sessions)
                 _exit_hook = True
+
+    async def _hold_tasks(self, ready: threading.Event) -> None:
+        """Keep the task group the persistent sessions are held in (as long as the loop)."""
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            ready.set()
+            await anyio.sleep_forever()
+
+    async def _hold(
+        self,
+        session: AsyncSession,
+        closing: anyio.Event,
+        closed: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[None],
+    ) -> None:
+        """Keep ``session`` entered until ``closing`` is set."""
+        try:
+            async with session:
+                task_status.started()
+                await closing.wait()
+        except Exception as exc:
+            if not closing.is_set():
+                raise  # it could not start: the run that made it says why
+            log.warning("closing a persistent execute_code session failed: %s", exc)
+        finally:
+            closed.set()
 
     @property
     def task_ids(self) -> list[str]:
@@ -78,8 +121,14 @@ class TaskSessions:
                     self._options.backend,
                     registry=self._registry,
                     start_in_workspace=False,  # where a one-shot run starts, as before
+                    persistent=self._persistent,
                     **_session_fields(self._options, task_id),
                 )
+                if self._persistent:
+                    assert self._tasks is not None
+                    holder = (anyio.Event(), anyio.Event())
+                    await self._tasks.start(self._hold, session, *holder)
+                    self._holders[task_id] = holder
                 self._sessions[task_id] = session
             elif reset:
                 await session.reset()
@@ -94,7 +143,13 @@ class TaskSessions:
         self._locks.pop(task_id, None)
         if session is None:
             return False
-        await session.aclose()
+        holder = self._holders.pop(task_id, None)
+        if holder is None:
+            await session.aclose()
+        else:
+            closing, closed = holder
+            closing.set()
+            await closed.wait()
         return True
 
     def close(self, task_id: str) -> bool:

@@ -6,10 +6,12 @@ sandbox's Python (3.8 or newer).
 
 from hermes_sandbox.stubs.generate import (
     CODEC_MODULE,
+    KERNEL_MODULE,
     RELAY_MODULE,
     STUB_MODULE,
     StubError,
     generate_stub,
+    kernel_source,
     program_source,
     relay_source,
     stub_files,
@@ -18,10 +20,12 @@ from hermes_sandbox.stubs.generate import (
 
 __all__ = [
     "CODEC_MODULE",
+    "KERNEL_MODULE",
     "RELAY_MODULE",
     "STUB_MODULE",
     "StubError",
     "generate_stub",
+    "kernel_source",
     "program_source",
     "relay_source",
     "stub_files",

@@ -21,6 +21,7 @@ from hermes_sandbox.errors import StubError
 STUB_MODULE = "hermes_tools.py"
 CODEC_MODULE = "_hermes_msgpack.py"
 RELAY_MODULE = "_hermes_relay.py"
+KERNEL_MODULE = "_hermes_kernel.py"
 
 # Names the client and its helpers own; a tool or a parameter may not take them.
 _RESERVED = frozenset({"json_parse", "shell_quote", "retry", "ToolCallError", "kwargs", "_call"})
@@ -58,6 +59,11 @@ def codec_source() -> str:
 def relay_source() -> str:
     """The relay program, with the process-tree code it shares prepended."""
     return program_source("_proctree.py") + "\n" + program_source("_relay.py")
+
+
+@functools.cache
+def kernel_source() -> str:
+    return program_source("_kernel.py")
 
 
 def _docstring(text: str, indent: str = "    ") -> str:

@@ -266,13 +266,6 @@ def test_caps_still_apply_to_the_result_while_streaming(target: SessionTarget) -
 # -- local only: the session's own rules ---------------------------------------------------
 
 
-def test_persistent_is_refused_until_it_exists() -> None:
-    with pytest.raises(RunError, match=r"persistent.*not available yet"):
-        Session(persistent=True)
-    with pytest.raises(RunError, match=r"persistent.*not available yet"):
-        AsyncSession(persistent=True)
-
-
 def test_a_second_run_while_one_runs_is_refused(tmp_path: Path) -> None:
     gate = tmp_path / "go"
     code = (
