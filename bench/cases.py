@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from bench import stats, subject
-from bench.baselines import floor, jsonlines, polling
+from bench.baselines import floor, jsonlines, polling, streams
 from bench.settings import Settings
 from bench.workload import MiB
 from hermes_sandbox import RunOptions
@@ -113,6 +113,14 @@ class SSHBackend(Backend):
 BACKENDS = (Backend("local"), Backend("docker"), SSHBackend("ssh", _ssh_test_server()))
 
 
+def _backend(name: str) -> Backend:
+    return next(b for b in BACKENDS if b.name == name)
+
+
+def _ssh_options(backend: Backend) -> dict[str, Any]:
+    return dict(backend.run_options.get("backend_options", {}))
+
+
 def _first_reason(*probes: Probe) -> str | None:
     for probe in probes:
         reason = probe()
@@ -163,6 +171,16 @@ def _summarize_cold(samples: list[Sample]) -> dict[str, Any]:
 
 def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
     return _paired(samples, "warm", "one_shot")
+
+
+def _summarize_floor_start(samples: list[Sample]) -> dict[str, Any]:
+    times = [x for s in samples for x in s["ms"]]
+    return {
+        "p50_ms": round(stats.median(times), 2),
+        "p90_ms": round(stats.percentile(times, 90), 2),
+        "runs": len(times),
+        "argv": samples[0]["argv"],
+    }
 
 
 def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
@@ -265,11 +283,42 @@ def build_cases(settings: Settings) -> list[Case]:
             kind="baseline",
         )
     )
+    # The raw exec streams the docker and ssh relays ride on, beside the relay rows.
+    docker, ssh = _backend("docker"), _backend("ssh")
+    cases.append(
+        Case(
+            id="rtt.floor.docker.c1",
+            section="rtt",
+            label="floor: 64-byte echo, cat over docker exec",
+            measure=partial(streams.docker_exec_echo, s.socket_calls, s.socket_warmup),
+            summarize=stats.summarize_rtt,
+            rounds=s.rounds,
+            probe=docker.probe,
+            params={"baseline": "docker-exec", "backend": "docker", "callers": 1},
+            kind="baseline",
+        )
+    )
+    cases.append(
+        Case(
+            id="rtt.floor.ssh.c1",
+            section="rtt",
+            label="floor: 64-byte echo, cat on a pooled ssh channel",
+            measure=partial(
+                streams.ssh_channel_echo, _ssh_options(ssh), s.socket_calls, s.socket_warmup
+            ),
+            summarize=stats.summarize_rtt,
+            rounds=s.rounds,
+            probe=ssh.probe,
+            params={"baseline": "ssh-channel", "backend": "ssh", "callers": 1},
+            kind="baseline",
+        )
+    )
 
     # 3. Cold runs, the bare interpreter timed beside each; 7. warm runs in a Session,
     # a one-shot run timed beside each (local only: on docker each one-shot run starts a
     # container, seconds apiece, which the quick run in the tests cannot afford; run
-    # subject.run_warm by hand for the other backends).
+    # subject.run_warm by hand for the other backends). The floors of the remote
+    # backends' starts, and the command line's, take turns with the cold rows round by round.
     local = [b for b in BACKENDS if b.name == "local"]
     paired = [
         ("cold", subject.run_cold, _summarize_cold, BACKENDS),
@@ -284,10 +333,48 @@ def build_cases(settings: Settings) -> list[Case]:
                     label=f"print(1) / {b.name}",
                     measure=partial(measure, b.options(), s.cold_runs),
                     summarize=summarize,
+                    rounds=s.cold_rounds,
                     probe=b.probe,
                     params={"backend": b.name},
                 )
             )
+    cases.append(
+        Case(
+            id="cold.cli.local",
+            section="cold",
+            label="hermes-sandbox run print(1) / local",
+            measure=partial(subject.run_cli_cold, s.cold_runs),
+            summarize=_summarize_cold,
+            rounds=s.cold_rounds,
+            params={"backend": "local", "command_line": True},
+        )
+    )
+    cases.append(
+        Case(
+            id="cold.floor.docker",
+            section="cold",
+            label="floor: docker run --rm IMAGE python3 -c 1",
+            measure=partial(streams.docker_run, s.cold_runs),
+            summarize=_summarize_floor_start,
+            rounds=s.cold_rounds,
+            probe=docker.probe,
+            params={"baseline": "docker-run", "backend": "docker"},
+            kind="baseline",
+        )
+    )
+    cases.append(
+        Case(
+            id="cold.floor.ssh",
+            section="cold",
+            label="floor: python3 -c 1 on a pooled ssh connection",
+            measure=partial(streams.ssh_exec, _ssh_options(ssh), s.cold_runs),
+            summarize=_summarize_floor_start,
+            rounds=s.cold_rounds,
+            probe=ssh.probe,
+            params={"baseline": "ssh-exec", "backend": "ssh"},
+            kind="baseline",
+        )
+    )
 
     # 4. Memory.
     for b in BACKENDS:

@@ -125,6 +125,17 @@ def build_targets() -> list[Target]:
                 UNIX_LOCAL_P50,
             )
         )
+    for name, stream in (("docker", "docker exec"), ("ssh", "a pooled ssh channel")):
+        targets.append(
+            Target(
+                f"relay-{name}-vs-stream",
+                f"Stream relay on {name}: p50 within 1.5x of a raw echo over {stream}",
+                Figure(f"rtt.relay.{name}.c1", "p50_us", " us"),
+                "<=",
+                1.5,
+                Figure(f"rtt.floor.{name}.c1", "p50_us", " us"),
+            )
+        )
     targets += [
         Target(
             "unix-docker-vs-unix",
@@ -141,6 +152,30 @@ def build_targets() -> list[Target]:
             "<=",
             1.5,
             Figure("cold.local", "bare_p50_ms", " ms"),
+        ),
+        Target(
+            "cli-local-vs-bare",
+            "hermes-sandbox run print(1): at most 1.5x the bare interpreter timed beside it",
+            Figure("cold.cli.local", "api_p50_ms", " ms"),
+            "<=",
+            1.5,
+            Figure("cold.cli.local", "bare_p50_ms", " ms"),
+        ),
+        Target(
+            "cold-docker-vs-run",
+            "One-shot docker run: at most 1.2x a bare docker run --rm IMAGE python3 -c 1",
+            Figure("cold.docker", "api_p50_ms", " ms"),
+            "<=",
+            1.2,
+            Figure("cold.floor.docker", "p50_ms", " ms"),
+        ),
+        Target(
+            "cold-ssh-vs-exec",
+            "Run over ssh: at most 1.5x a bare python3 -c 1 on a pooled connection",
+            Figure("cold.ssh", "api_p50_ms", " ms"),
+            "<=",
+            1.5,
+            Figure("cold.floor.ssh", "p50_ms", " ms"),
         ),
         Target(
             "memory-local",
