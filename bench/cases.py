@@ -285,34 +285,24 @@ def build_cases(settings: Settings) -> list[Case]:
     )
     # The raw exec streams the docker and ssh relays ride on, beside the relay rows.
     docker, ssh = _backend("docker"), _backend("ssh")
-    cases.append(
-        Case(
-            id="rtt.floor.docker.c1",
-            section="rtt",
-            label="floor: 64-byte echo, cat over docker exec",
-            measure=partial(streams.docker_exec_echo, s.socket_calls, s.socket_warmup),
-            summarize=stats.summarize_rtt,
-            rounds=s.rounds,
-            probe=docker.probe,
-            params={"baseline": "docker-exec", "backend": "docker", "callers": 1},
-            kind="baseline",
-        )
+    stream_floors = (
+        (docker, "cat over docker exec", partial(streams.docker_exec_echo)),
+        (ssh, "cat on a pooled ssh channel", partial(streams.ssh_channel_echo, _ssh_options(ssh))),
     )
-    cases.append(
-        Case(
-            id="rtt.floor.ssh.c1",
-            section="rtt",
-            label="floor: 64-byte echo, cat on a pooled ssh channel",
-            measure=partial(
-                streams.ssh_channel_echo, _ssh_options(ssh), s.socket_calls, s.socket_warmup
-            ),
-            summarize=stats.summarize_rtt,
-            rounds=s.rounds,
-            probe=ssh.probe,
-            params={"baseline": "ssh-channel", "backend": "ssh", "callers": 1},
-            kind="baseline",
+    for b, over, echo in stream_floors:
+        cases.append(
+            Case(
+                id=f"rtt.floor.{b.name}.c1",
+                section="rtt",
+                label=f"floor: 64-byte echo, {over}",
+                measure=partial(echo, s.socket_calls, s.socket_warmup),
+                summarize=stats.summarize_rtt,
+                rounds=s.rounds,
+                probe=b.probe,
+                params={"baseline": f"{b.name}-stream", "backend": b.name, "callers": 1},
+                kind="baseline",
+            )
         )
-    )
 
     # 3. Cold runs, the bare interpreter timed beside each; 7. warm runs in a Session,
     # a one-shot run timed beside each (local only: on docker each one-shot run starts a
@@ -349,32 +339,28 @@ def build_cases(settings: Settings) -> list[Case]:
             params={"backend": "local", "command_line": True},
         )
     )
-    cases.append(
-        Case(
-            id="cold.floor.docker",
-            section="cold",
-            label="floor: docker run --rm IMAGE python3 -c 1",
-            measure=partial(streams.docker_run, s.cold_runs),
-            summarize=_summarize_floor_start,
-            rounds=s.cold_rounds,
-            probe=docker.probe,
-            params={"baseline": "docker-run", "backend": "docker"},
-            kind="baseline",
-        )
+    start_floors = (
+        (docker, "docker run --rm IMAGE python3 -c 1", partial(streams.docker_run)),
+        (
+            ssh,
+            "python3 -c 1 on a pooled ssh connection",
+            partial(streams.ssh_exec, _ssh_options(ssh)),
+        ),
     )
-    cases.append(
-        Case(
-            id="cold.floor.ssh",
-            section="cold",
-            label="floor: python3 -c 1 on a pooled ssh connection",
-            measure=partial(streams.ssh_exec, _ssh_options(ssh), s.cold_runs),
-            summarize=_summarize_floor_start,
-            rounds=s.cold_rounds,
-            probe=ssh.probe,
-            params={"baseline": "ssh-exec", "backend": "ssh"},
-            kind="baseline",
+    for b, what, start in start_floors:
+        cases.append(
+            Case(
+                id=f"cold.floor.{b.name}",
+                section="cold",
+                label=f"floor: {what}",
+                measure=partial(start, s.cold_runs),
+                summarize=_summarize_floor_start,
+                rounds=s.cold_rounds,
+                probe=b.probe,
+                params={"baseline": f"{b.name}-start", "backend": b.name},
+                kind="baseline",
+            )
         )
-    )
 
     # 4. Memory.
     for b in BACKENDS:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from bench.subject import NotAvailable
@@ -30,6 +30,23 @@ from bench.timing import time_calls
 
 MESSAGE = b"e" * 64  # about the size of a relayed request frame for the echo tool
 CONTAINER_PREFIX = "hermes-bench-floor-"
+
+
+def _echo(
+    send: Callable[[bytes], Any], receive: Callable[[], bytes], first: bytes = b""
+) -> Callable[[int], None]:
+    """One timed call: send MESSAGE, read until it came back whole, check it."""
+    backlog = bytearray(first)
+
+    def call(_i: int) -> None:
+        send(MESSAGE)
+        while len(backlog) < len(MESSAGE):
+            backlog.extend(receive())
+        if bytes(backlog[: len(MESSAGE)]) != MESSAGE:
+            raise AssertionError("the echo changed the message")
+        del backlog[: len(MESSAGE)]
+
+    return call
 
 
 # -- docker ------------------------------------------------------------------------------
@@ -89,21 +106,15 @@ def docker_exec_echo(calls: int, warmup: int = 0) -> dict[str, Any]:
             if not hasattr(sock, "sendall"):
                 raise NotAvailable(f"the engine's exec stream is a {type(sock).__name__}")
             demux = _FrameDemux()
-            backlog = bytearray(b"".join(p for _, p in demux.feed(pending)))
+            first = b"".join(p for _, p in demux.feed(pending))
 
-            def call(_i: int) -> None:
-                sock.sendall(MESSAGE)
-                while len(backlog) < len(MESSAGE):
-                    data = sock.recv(65536)
-                    if not data:
-                        raise EOFError("the exec stream ended")
-                    for stream, piece in demux.feed(data):
-                        if stream == 1:
-                            backlog.extend(piece)
-                if bytes(backlog[: len(MESSAGE)]) != MESSAGE:
-                    raise AssertionError("the echo changed the message")
-                del backlog[: len(MESSAGE)]
+            def receive() -> bytes:
+                data = sock.recv(65536)
+                if not data:
+                    raise EOFError("the exec stream ended")
+                return b"".join(piece for stream, piece in demux.feed(data) if stream == 1)
 
+            call = _echo(sock.sendall, receive, first)
             try:
                 return time_calls(call, calls, 1, warmup)
             finally:
@@ -166,19 +177,14 @@ def ssh_channel_echo(
     """One round: ``calls`` echoes through ``cat`` on one channel of the pooled connection."""
     with _ssh_share(backend_options) as (share, config), _channel(share, config) as channel:
         channel.exec_command("cat")
-        backlog = bytearray()
 
-        def call(_i: int) -> None:
-            channel.sendall(MESSAGE)
-            while len(backlog) < len(MESSAGE):
-                data = channel.recv(65536)
-                if not data:
-                    raise EOFError("the channel closed")
-                backlog.extend(data)
-            if bytes(backlog[: len(MESSAGE)]) != MESSAGE:
-                raise AssertionError("the echo changed the message")
-            del backlog[: len(MESSAGE)]
+        def receive() -> bytes:
+            data: bytes = channel.recv(65536)
+            if not data:
+                raise EOFError("the channel closed")
+            return data
 
+        call = _echo(channel.sendall, receive)
         return time_calls(call, calls, 1, warmup)
 
 
