@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from bench import stats, subject
-from bench.baselines import floor, jsonlines, polling
+from bench.baselines import floor, jsonlines, polling, streams
 from bench.settings import Settings
 from bench.workload import MiB
 from hermes_sandbox import RunOptions
@@ -114,6 +114,14 @@ class SSHBackend(Backend):
 BACKENDS = (Backend("local"), Backend("docker"), SSHBackend("ssh", _ssh_test_server()))
 
 
+def _backend(name: str) -> Backend:
+    return next(b for b in BACKENDS if b.name == name)
+
+
+def _ssh_options(backend: Backend) -> dict[str, Any]:
+    return dict(backend.run_options.get("backend_options", {}))
+
+
 def _first_reason(*probes: Probe) -> str | None:
     for probe in probes:
         reason = probe()
@@ -168,6 +176,16 @@ def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
 
 def _summarize_cell(samples: list[Sample]) -> dict[str, Any]:
     return _paired(samples, "cell", "warm")
+
+
+def _summarize_floor_start(samples: list[Sample]) -> dict[str, Any]:
+    times = [x for s in samples for x in s["ms"]]
+    return {
+        "p50_ms": round(stats.median(times), 2),
+        "p90_ms": round(stats.percentile(times, 90), 2),
+        "runs": len(times),
+        "argv": samples[0]["argv"],
+    }
 
 
 def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
@@ -270,11 +288,32 @@ def build_cases(settings: Settings) -> list[Case]:
             kind="baseline",
         )
     )
+    # The raw exec streams the docker and ssh relays ride on, beside the relay rows.
+    docker, ssh = _backend("docker"), _backend("ssh")
+    stream_floors = (
+        (docker, "cat over docker exec", partial(streams.docker_exec_echo)),
+        (ssh, "cat on a pooled ssh channel", partial(streams.ssh_channel_echo, _ssh_options(ssh))),
+    )
+    for b, over, echo in stream_floors:
+        cases.append(
+            Case(
+                id=f"rtt.floor.{b.name}.c1",
+                section="rtt",
+                label=f"floor: 64-byte echo, {over}",
+                measure=partial(echo, s.socket_calls, s.socket_warmup),
+                summarize=stats.summarize_rtt,
+                rounds=s.rounds,
+                probe=b.probe,
+                params={"baseline": f"{b.name}-stream", "backend": b.name, "callers": 1},
+                kind="baseline",
+            )
+        )
 
     # 3. Cold runs, the bare interpreter timed beside each; 7. warm runs in a Session,
     # a one-shot run timed beside each (local only: on docker each one-shot run starts a
     # container, seconds apiece, which the quick run in the tests cannot afford; run
-    # subject.run_warm by hand for the other backends).
+    # subject.run_warm by hand for the other backends). The floors of the remote
+    # backends' starts, and the command line's, take turns with the cold rows round by round.
     local = [b for b in BACKENDS if b.name == "local"]
     paired = [
         ("cold", subject.run_cold, _summarize_cold, BACKENDS),
@@ -290,10 +329,44 @@ def build_cases(settings: Settings) -> list[Case]:
                     label=f"print(1) / {b.name}",
                     measure=partial(measure, b.options(), s.cold_runs),
                     summarize=summarize,
+                    rounds=s.cold_rounds,
                     probe=b.probe,
                     params={"backend": b.name},
                 )
             )
+    cases.append(
+        Case(
+            id="cold.cli.local",
+            section="cold",
+            label="hermes-sandbox run print(1) / local",
+            measure=partial(subject.run_cli_cold, s.cold_runs),
+            summarize=_summarize_cold,
+            rounds=s.cold_rounds,
+            params={"backend": "local", "command_line": True},
+        )
+    )
+    start_floors = (
+        (docker, "docker run --rm IMAGE python3 -c 1", partial(streams.docker_run)),
+        (
+            ssh,
+            "python3 -c 1 on a pooled ssh connection",
+            partial(streams.ssh_exec, _ssh_options(ssh)),
+        ),
+    )
+    for b, what, start in start_floors:
+        cases.append(
+            Case(
+                id=f"cold.floor.{b.name}",
+                section="cold",
+                label=f"floor: {what}",
+                measure=partial(start, s.cold_runs),
+                summarize=_summarize_floor_start,
+                rounds=s.cold_rounds,
+                probe=b.probe,
+                params={"baseline": f"{b.name}-start", "backend": b.name},
+                kind="baseline",
+            )
+        )
 
     # 4. Memory.
     for b in BACKENDS:

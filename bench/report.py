@@ -122,9 +122,12 @@ def _simple_table(
 
 
 def _paired_cells(subject: str, baseline: str) -> Callable[[dict[str, Any]], list[str]]:
-    """The cells of a row of ``_paired`` figures (bench/cases.py)."""
+    """The cells of a row of ``_paired`` figures (bench/cases.py); a floor row, which has
+    no baseline of its own, fills the subject's columns with its own figures."""
 
     def cells(f: dict[str, Any]) -> list[str]:
+        if f"{baseline}_p50_ms" not in f:  # a floor: its own start only
+            return [_num(f["p50_ms"], 2), _num(f["p90_ms"], 2), "-", "-", "-", _num(f["runs"])]
         return [
             _num(f[f"{subject}_p50_ms"], 2),
             _num(f[f"{subject}_p90_ms"], 2),
@@ -158,9 +161,12 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
             _simple_table(
                 "cold",
                 by_section["cold"],
-                ["API p50 ms", "API p90 ms", "bare p50 ms", "bare p90 ms", "ratio", "runs"],
+                ["p50 ms", "p90 ms", "bare p50 ms", "bare p90 ms", "ratio", "runs"],
                 _paired_cells("api", "bare"),
-                note="bare: the same interpreter's `-c print(1)` through subprocess.run",
+                note=(
+                    "bare: the same interpreter's `-c print(1)` through subprocess.run; "
+                    "the floors have no bare run of their own"
+                ),
             )
         )
     if "memory" in by_section:

@@ -18,7 +18,8 @@ class Settings:
     socket_calls: int  # timed calls per round over a socket, per case
     socket_warmup: int
     polling_calls: dict[int, int]  # by callers: each call costs 50-250 ms
-    cold_runs: int  # pairs of (API run, bare interpreter), interleaved
+    cold_runs: int  # pairs of (API run, bare interpreter), interleaved, per round
+    cold_rounds: int  # rounds of cold_runs: the floors' rounds take turns with ours
     memory_bytes: int
     concurrent_runs: tuple[int, ...]
     concurrent_calls: int
@@ -35,7 +36,8 @@ class Settings:
             "socket_calls_per_round": self.socket_calls,
             "socket_warmup_calls": self.socket_warmup,
             "polling_calls_per_round": {str(k): v for k, v in self.polling_calls.items()},
-            "cold_runs": self.cold_runs,
+            "cold_runs_per_round": self.cold_runs,
+            "cold_rounds": self.cold_rounds,
             "memory_printed_bytes": self.memory_bytes,
             "concurrent_runs": list(self.concurrent_runs),
             "concurrent_calls_per_run": self.concurrent_calls,
@@ -53,7 +55,8 @@ FULL = Settings(
     socket_calls=2000,
     socket_warmup=200,
     polling_calls={1: 8, 8: 16},
-    cold_runs=20,
+    cold_runs=5,
+    cold_rounds=4,
     memory_bytes=1 << 30,
     concurrent_runs=(8, 32),
     concurrent_calls=20,
@@ -70,6 +73,7 @@ QUICK = Settings(
     socket_warmup=10,
     polling_calls={1: 2, 8: 8},
     cold_runs=2,
+    cold_rounds=1,
     memory_bytes=16 * MiB,
     concurrent_runs=(8, 32),
     concurrent_calls=20,

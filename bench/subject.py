@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,26 +141,24 @@ def run_rtt(
     return _first_json_line(result)
 
 
-def run_cold(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
-    """``print(1)`` through the API and a bare interpreter, interleaved, ``runs`` each.
+def _alternate(a: Callable[[], None], b: Callable[[], None], runs: int) -> None:
+    """``a`` and ``b``, ``runs`` each, taking turns at going first."""
+    for i in range(runs):
+        first, second = (a, b) if i % 2 == 0 else (b, a)
+        first()
+        second()
 
-    One untimed run first, so the host process is warm (imports, stub cache).
-    """
+
+def _interleave_with_bare(timed: Callable[[], None], runs: int) -> dict[str, Any]:
+    """``timed`` and a bare interpreter's ``print(1)``, interleaved, ``runs`` each."""
     bare_argv = [sys.executable, "-c", "print(1)"]
-    warm = _execute("print(1)", run_options, tools=())
-    if warm.output.strip() != "1":
-        raise RuntimeError(f"print(1) printed {warm.output!r}")
-    api_ms: list[float] = []
+    times: list[float] = []
     bare_ms: list[float] = []
 
-    def api() -> None:
+    def ours() -> None:
         t0 = time.perf_counter()
-        result = _execute("print(1)", run_options, tools=())
-        api_ms.append((time.perf_counter() - t0) * 1000)
-        if _killed(result):
-            raise ScriptKilled(f"print(1) was killed (exit code {result.exit_code})")
-        if result.status != "success" or result.output.strip() != "1":
-            raise RuntimeError(f"print(1) through the API gave {result.to_dict()}")
+        timed()
+        times.append((time.perf_counter() - t0) * 1000)
 
     def bare() -> None:
         t0 = time.perf_counter()
@@ -169,11 +167,61 @@ def run_cold(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
         if done.stdout.strip() != b"1":
             raise RuntimeError(f"the bare interpreter printed {done.stdout!r}")
 
-    for i in range(runs):
-        first, second = (api, bare) if i % 2 == 0 else (bare, api)
-        first()
-        second()
-    return {"api_ms": api_ms, "bare_ms": bare_ms, "bare_argv": bare_argv}
+    _alternate(ours, bare, runs)
+    return {"api_ms": times, "bare_ms": bare_ms, "bare_argv": bare_argv}
+
+
+def run_cold(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """``print(1)`` through the API and a bare interpreter, interleaved, ``runs`` each.
+
+    One untimed run first, so the host process is warm (imports, stub cache).
+    """
+    warm = _execute("print(1)", run_options, tools=())
+    if warm.output.strip() != "1":
+        raise RuntimeError(f"print(1) printed {warm.output!r}")
+
+    def api() -> None:
+        result = _execute("print(1)", run_options, tools=())
+        if _killed(result):
+            raise ScriptKilled(f"print(1) was killed (exit code {result.exit_code})")
+        if result.status != "success" or result.output.strip() != "1":
+            raise RuntimeError(f"print(1) through the API gave {result.to_dict()}")
+
+    return _interleave_with_bare(api, runs)
+
+
+def cli_argv(script: str) -> list[str]:
+    """``hermes-sandbox run SCRIPT``: the installed console script when it sits beside
+    this interpreter, else ``python -m hermes_sandbox``."""
+    console = Path(sys.executable).with_name("hermes-sandbox")
+    if console.is_file() and os.access(console, os.X_OK):
+        return [str(console), "run", script]
+    return [sys.executable, "-m", "hermes_sandbox", "run", script]
+
+
+def run_cli_cold(runs: int) -> dict[str, Any]:
+    """``hermes-sandbox run`` of a file holding ``print(1)`` (the local backend, a new
+    process each time) and a bare interpreter, interleaved. The CLI gets its bytecode
+    written (PYTHONDONTWRITEBYTECODE dropped), as an installed package has it."""
+    script = Path(_spill_dir()) / "print1.py"
+    script.write_text("print(1)\n", encoding="utf-8")
+    argv = cli_argv(str(script))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+    def cli() -> None:
+        done = subprocess.run(argv, capture_output=True, env=env, check=False)
+        if done.returncode < 0:
+            raise ScriptKilled(f"hermes-sandbox run was killed (signal {-done.returncode})")
+        if done.returncode != 0 or done.stdout.strip() != b"1":
+            raise RuntimeError(
+                f"hermes-sandbox run printed {done.stdout!r}, exit {done.returncode}: "
+                f"{done.stderr.decode(errors='replace')[-2000:]}"
+            )
+
+    cli()  # untimed: writes the bytecode once
+    figures = _interleave_with_bare(cli, runs)
+    figures["cli_argv"] = argv
+    return figures
 
 
 def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
@@ -210,10 +258,7 @@ def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
     with session:
         check(session.run("print(1)"), "in a session")
         check(_execute("print(1)", run_options, tools=()), "one-shot")
-        for i in range(runs):
-            first, second = (warm, one_shot) if i % 2 == 0 else (one_shot, warm)
-            first()
-            second()
+        _alternate(warm, one_shot, runs)
     return {"warm_ms": warm_ms, "one_shot_ms": one_shot_ms}
 
 
