@@ -79,7 +79,7 @@ import psutil
 
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
-from hermes_sandbox.environments.local import LocalExecStream
+from hermes_sandbox.environments.local import LocalExecStream, open_supervised
 from hermes_sandbox.environments.settings import DEFAULT_PYTHON_IMAGE
 from hermes_sandbox.environments.singularity.settings import (
     IMAGE_VAR,
@@ -543,13 +543,15 @@ class SingularityEnvironment(ExecStreamEnvironment):
         ]
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
-            process = await anyio.open_process(
+            # Under the supervisor, like every local launch: what the command leaves on
+            # this machine dies with it, or with this host process.
+            handle = await open_supervised(
                 command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
+                cwd=None,
                 env=self._cli_env(merged),
-                start_new_session=True,  # the host's terminal signals are not the command's
             )
         except OSError as exc:
             stderr.close()
@@ -557,7 +559,7 @@ class SingularityEnvironment(ExecStreamEnvironment):
         except BaseException:
             stderr.close()
             raise
-        stream = LocalExecStream(process, stderr)
+        stream = LocalExecStream(handle, stderr)
         if not stdin:
             await stream.send_eof()
         return stream
