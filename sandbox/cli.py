@@ -26,12 +26,12 @@ import anyio
 
 from hermes_sandbox import __version__
 from hermes_sandbox.cli_delegate import add_delegate_command, run_delegate_command
+from hermes_sandbox.cli_sessions import add_sessions_command, run_request, run_sessions_command
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.environments.settings import PROGRESS_LOGGER
 from hermes_sandbox.errors import SandboxError, UsageError
 from hermes_sandbox.execute_code_tool import FORMATS, build_schema, tool_definition
-from hermes_sandbox.named_sessions import add_sessions_command, run_request, run_sessions_command
 from hermes_sandbox.output import spill_notice
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult
 from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
