@@ -194,8 +194,9 @@ def test_dangerous_command_is_refused_without_an_allowlist(sessions: Sessions) -
 
 
 def test_socket_is_private_and_refuses_another_uid(sessions: Sessions) -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("running a client as nobody needs root and setpriv")
+    python = "/usr/bin/python3"  # one that nobody may run (not a venv under /root)
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists(python):
+        pytest.skip("running a client as nobody needs root, setpriv and /usr/bin/python3")
     # A directory nobody can reach once opened up, unlike pytest's 0700 tmp_path.
     outer = Path(tempfile.mkdtemp(prefix="hermes-named-"))
     sessions.directory = outer / "s"
@@ -220,7 +221,6 @@ def test_socket_is_private_and_refuses_another_uid(sessions: Sessions) -> None:
             "    print('answer', b'')\n"
         )
         as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        python = "/usr/bin/python3"
 
         def attack() -> str:
             done = subprocess.run(
