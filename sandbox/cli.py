@@ -26,6 +26,7 @@ import anyio
 
 from hermes_sandbox import __version__
 from hermes_sandbox.cli_delegate import add_delegate_command, run_delegate_command
+from hermes_sandbox.cli_sessions import add_sessions_command, run_request, run_sessions_command
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.environments.settings import PROGRESS_LOGGER
@@ -425,7 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="the script to run, or - to read it from standard input")
     # What follows -- is the script's sys.argv[1:], taken off before parsing (main).
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    run.add_argument(
+        "--session",
+        metavar="NAME",
+        help="run as a cell of the named warm session (made by the first such run; its "
+        "globals survive between runs); see `hermes-sandbox sessions`",
+    )
     add_delegate_command(commands, [tool_args, run_args])
+    add_sessions_command(commands)
 
     commands.add_parser(
         "stub",
@@ -586,6 +594,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         argv=args.script_args,
     )
     stdin_fd = None if args.script == "-" else _piped_stdin()
+    if args.session is not None:  # the sessions daemon runs it (sandbox/named_sessions.py)
+        if stdin_fd is not None:
+            options = dataclasses.replace(options, stdin=b"")
+        allowlist = [*config.approvals.allowlist, *args.allow_command]
+        result = run_request(args.session, code, options, args.tools_module, allowlist)
+        _print_result(result, args.json)
+        return _exit_status(result)
     if stdin_fd is not None:
         try:
             data = _read_stdin(stdin_fd, options.timeout)
@@ -606,6 +621,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     live = not args.json and sys.stdout.isatty()
     result = anyio.run(_run_with_signals, code, options, live)
     _print_result(result, args.json, shown_live=live)
+    return _exit_status(result)
+
+
+def _exit_status(result: ExecutionResult) -> int:
     if result.exit_code is None:
         return 1
     return result.exit_code if 0 <= result.exit_code <= 255 else 1
@@ -742,6 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "schema": _cmd_schema,
         "backends": _cmd_backends,
         "delegate": run_delegate_command,
+        "sessions": run_sessions_command,
     }
     try:
         return handlers[args.command](args)

@@ -133,6 +133,11 @@ class AsyncSession:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def interpreter_alive(self) -> bool:
+        """True while a persistent session's interpreter runs."""
+        return self._kernel is not None and self._kernel.alive
+
     # -- the lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
