@@ -175,7 +175,8 @@ def _summarize_warm(samples: list[Sample]) -> dict[str, Any]:
 
 
 def _summarize_cell(samples: list[Sample]) -> dict[str, Any]:
-    return _paired(samples, "cell", "warm")
+    starts = [x for s in samples for x in s["start_ms"]]
+    return {**_paired(samples, "cell", "warm"), "start_p50_ms": round(stats.median(starts), 2)}
 
 
 def _summarize_floor_start(samples: list[Sample]) -> dict[str, Any]:
@@ -315,10 +316,12 @@ def build_cases(settings: Settings) -> list[Case]:
     # subject.run_warm by hand for the other backends). The floors of the remote
     # backends' starts, and the command line's, take turns with the cold rows round by round.
     local = [b for b in BACKENDS if b.name == "local"]
+    # A persistent interpreter: its round trip and its start (docker: in a running container).
+    cell = [b for b in BACKENDS if b.name in ("local", "docker")]
     paired = [
         ("cold", subject.run_cold, _summarize_cold, BACKENDS),
         ("warm", subject.run_warm, _summarize_warm, local),
-        ("cell", subject.run_cell, _summarize_cell, local),
+        ("cell", subject.run_cell, _summarize_cell, cell),
     ]
     for section, measure, summarize, backends in paired:
         for b in backends:

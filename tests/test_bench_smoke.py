@@ -38,6 +38,7 @@ REQUIRED_ROWS = [
     "cold.floor.ssh",
     "warm.local",
     "cell.local",
+    "cell.docker",
     "memory.local",
     "concurrent.local.n8",
     "concurrent.local.n32",
