@@ -139,7 +139,10 @@ def _exit_like(status):
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         except (ImportError, ValueError, OSError):
             pass
-        signal.signal(number, signal.SIG_DFL)
+        try:
+            signal.signal(number, signal.SIG_DFL)  # SIGKILL's cannot be set, nor needs to
+        except (OSError, ValueError):
+            pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
         os.kill(os.getpid(), number)
         os._exit(128 + number)
