@@ -9,6 +9,7 @@
     │                                one backend setting refused (which one: ``field``)
     ├── RunError                     a run that cannot start as asked (bad tools, cwd, limits)
     ├── UsageError                   bad input on the command line
+    ├── SessionsError                a named session's daemon could not be reached, or refused
     ├── AgentLoopError               a delegated child's agent loop could not finish (its
     │                                model endpoint failed, answered garbage, ran out of turns)
     ├── ToolsetError (ValueError)    a toolset that does not exist or cannot be used as asked

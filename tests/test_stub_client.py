@@ -335,7 +335,9 @@ async def test_server_going_away_mid_call_raises_tool_call_error(
     completed: list[Completed] = []
 
     async def run(path: str) -> None:
-        completed.append(await run_python(directory, code, script_env(path), timeout=10))
+        # The server waits up to TOOL_CALL_DRAIN_SECONDS (10 s) for the call in flight
+        # before it goes: the script must outlive that wait.
+        completed.append(await run_python(directory, code, script_env(path), timeout=40))
 
     # The task group outlives the server: the script is still running when it goes.
     async with anyio.create_task_group() as tasks, serving(socket_dir, host) as (path, _):
