@@ -43,6 +43,7 @@ from hermes_sandbox.runner import (
     run_sinks,
     shape_result,
     tool_context,
+    wait_within,
 )
 from hermes_sandbox.streaming import OutputCallback, StreamedOutput
 from hermes_sandbox.stubs import KERNEL_MODULE, kernel_source
@@ -388,25 +389,15 @@ class Kernel:
                     self._cells_in.send_nowait(cell)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.WouldBlock):
                     pass
-            with anyio.move_on_after(options.timeout) as deadline:
-                async with anyio.create_task_group() as waiters:
 
-                    async def on_interrupt() -> None:
-                        nonlocal status
-                        assert interrupt is not None
-                        await interrupt.wait()
-                        status = "interrupted"
-                        waiters.cancel_scope.cancel()
+            async def answered() -> None:
+                await _first_of(cell.answered, self._ended)
+                if not self._ended.is_set():
+                    await _first_of(cell.streams_done[1], self._ended)
+                    await _first_of(cell.streams_done[2], self._ended)
 
-                    if interrupt is not None:
-                        waiters.start_soon(on_interrupt)
-                    await _first_of(cell.answered, self._ended)
-                    if not self._ended.is_set():
-                        await _first_of(cell.streams_done[1], self._ended)
-                        await _first_of(cell.streams_done[2], self._ended)
-                    waiters.cancel_scope.cancel()
-            if deadline.cancelled_caught:
-                status = "timeout"
+            cut, _ = await wait_within(answered, options.timeout, interrupt)
+            status = cut or status
             if status in ("timeout", "interrupted"):
                 with anyio.CancelScope(shield=True):
                     how = "timed out" if status == "timeout" else "was interrupted"

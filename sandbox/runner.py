@@ -15,10 +15,10 @@ import secrets
 import shlex
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -221,6 +221,36 @@ async def _pump(stream: Any, sink: CappedOutput, streamed: StreamedOutput | None
         pass
 
 
+T = TypeVar("T")
+
+
+async def wait_within(
+    body: Callable[[], Awaitable[T]], timeout: float, interrupt: anyio.Event | None
+) -> tuple[Status | None, T | None]:
+    """Await ``body()`` for at most ``timeout`` seconds, or until ``interrupt`` is set:
+    ``(None, its result)``, else ``("timeout" | "interrupted", None)``. One script's run
+    and one persistent interpreter's cell both wait this way."""
+    cut: Status | None = None
+    result: T | None = None
+    with anyio.move_on_after(timeout) as deadline:
+        async with anyio.create_task_group() as waiters:
+
+            async def on_interrupt() -> None:
+                nonlocal cut
+                assert interrupt is not None
+                await interrupt.wait()
+                cut = "interrupted"
+                waiters.cancel_scope.cancel()
+
+            if interrupt is not None:
+                waiters.start_soon(on_interrupt)
+            result = await body()
+            waiters.cancel_scope.cancel()
+    if deadline.cancelled_caught:
+        return "timeout", None
+    return cut, (None if cut else result)
+
+
 async def _supervise(
     process: SandboxProcess,
     stdout: CappedOutput,
@@ -244,22 +274,8 @@ async def _supervise(
         async with anyio.create_task_group() as pumps:
             for source, sink, streamed in streams:
                 pumps.start_soon(_pump, source, sink, streamed)
-            with anyio.move_on_after(timeout) as deadline:
-                async with anyio.create_task_group() as waiters:
-
-                    async def on_interrupt() -> None:
-                        nonlocal status
-                        assert interrupt is not None
-                        await interrupt.wait()
-                        status = "interrupted"
-                        waiters.cancel_scope.cancel()
-
-                    if interrupt is not None:
-                        waiters.start_soon(on_interrupt)
-                    exit_code = await process.wait()
-                    waiters.cancel_scope.cancel()
-            if deadline.cancelled_caught:
-                status = "timeout"
+            cut, exit_code = await wait_within(process.wait, timeout, interrupt)
+            status = cut or status
             with anyio.CancelScope(shield=True):
                 await process.kill(kill_grace)  # the script's leftovers too
             # Every writer is gone now; give the pipes a moment to deliver the rest.
