@@ -70,7 +70,9 @@ def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None)
     the one place a launch is composed: a sandboxing prefix (bubblewrap) goes between
     the supervisor's ``--`` and ``argv``.
     """
-    supervisor = [sys.executable, "-E", "-s", SUPERVISOR_PATH]
+    # -S: the supervisor is stdlib only, and site (with its .pth files) is most of an
+    # interpreter's start; it is on every local run's critical path.
+    supervisor = [sys.executable, "-E", "-s", "-S", SUPERVISOR_PATH]
     supervisor += ["--lifeline", str(lifeline), "--parent", str(os.getpid())]
     if stage is not None:
         supervisor += ["--remove", stage]

@@ -101,6 +101,16 @@ def reap(watched=None):
             found = status
 
 
+def has_children():
+    """Whether this process has a child, exited or not. A subreaper with none has
+    nothing below it: an orphan anywhere in its tree would have become its child."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def _freeze(root, include_root, frozen):
     """SIGSTOP what is below ``root`` (and ``root``) until nothing new turns up, so
     nothing forks away between finding and killing. Returns every pid frozen."""
