@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from test_cli import cli_env
 
 import hermes_sandbox
 import hermes_sandbox.environments as environments
@@ -24,7 +25,6 @@ from hermes_sandbox.tools.approval import DANGEROUS_PATTERNS
 from hermes_sandbox.tools.arguments import ToolArguments, schemas_checked_elsewhere
 from hermes_sandbox.tools.command_rules import LazyPattern
 from hermes_sandbox.tools.routine_patterns import ROUTINE_PATTERNS
-from test_cli import cli_env
 
 # Modules a run of print(1) on the local backend has no use for.
 NOT_IMPORTED = (
