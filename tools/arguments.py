@@ -9,7 +9,8 @@ tool's ``parameters`` schema once and then, per call:
    keeping the original wherever no conversion fits;
 2. validates the result. The ``jsonschema`` library (Draft 2020-12 unless the schema's
    ``$schema`` names another draft) is the reference: it checks the schema when the tool
-   is registered and words every problem. Because it costs 20-60 µs a call, the schema is
+   is registered (a built-in tool's, which the test suite checks, at its first need)
+   and words every problem. Because it costs 20-60 µs a call, the schema is
    also compiled by ``fastjsonschema`` into Python code that decides the valid case in a
    few microseconds; jsonschema is consulted only when that code says no. Where
    fastjsonschema (which reads schemas as draft 7) would judge differently, see
