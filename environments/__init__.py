@@ -10,6 +10,7 @@ class names its backend (``backend``).
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from hermes_sandbox.environments.base import (
     CommandResult,
@@ -19,15 +20,37 @@ from hermes_sandbox.environments.base import (
     Runtime,
     SandboxProcess,
 )
-from hermes_sandbox.environments.daytona.settings import DaytonaSettings
-from hermes_sandbox.environments.docker.settings import DockerSettings
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.local import LocalSettings
-from hermes_sandbox.environments.modal.settings import ModalSettings
 from hermes_sandbox.environments.settings import BackendSettings
-from hermes_sandbox.environments.singularity.settings import SingularitySettings
-from hermes_sandbox.environments.ssh.settings import SSHSettings
+
+if TYPE_CHECKING:
+    from hermes_sandbox.environments.daytona.settings import DaytonaSettings
+    from hermes_sandbox.environments.docker.settings import DockerSettings
+    from hermes_sandbox.environments.modal.settings import ModalSettings
+    from hermes_sandbox.environments.singularity.settings import SingularitySettings
+    from hermes_sandbox.environments.ssh.settings import SSHSettings
+
+# The other backends' settings classes, imported at first use (PEP 562): a run on one
+# backend does not import the others' modules.
+_LAZY_SETTINGS = {
+    "DaytonaSettings": "hermes_sandbox.environments.daytona.settings",
+    "DockerSettings": "hermes_sandbox.environments.docker.settings",
+    "ModalSettings": "hermes_sandbox.environments.modal.settings",
+    "SingularitySettings": "hermes_sandbox.environments.singularity.settings",
+    "SSHSettings": "hermes_sandbox.environments.ssh.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_SETTINGS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 # name -> "module:Class" of its environment.
 BACKENDS: dict[str, str] = {

@@ -70,9 +70,9 @@ def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None)
     the one place a launch is composed: a sandboxing prefix (bubblewrap) goes between
     the supervisor's ``--`` and ``argv``.
     """
-    # -S: the supervisor is stdlib only, and site (with its .pth files) is most of an
-    # interpreter's start; it is on every local run's critical path.
-    supervisor = [sys.executable, "-E", "-s", "-S", SUPERVISOR_PATH]
+    # -S: no site (the stdlib is all it needs), so it starts without reading the .pth
+    # files of the host's site-packages: a third of its start-up.
+    supervisor = [sys.executable, "-E", "-S", SUPERVISOR_PATH]
     supervisor += ["--lifeline", str(lifeline), "--parent", str(os.getpid())]
     if stage is not None:
         supervisor += ["--remove", stage]

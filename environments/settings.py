@@ -24,8 +24,6 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
-import yaml
-
 from hermes_sandbox.errors import SettingError
 
 # The image a backend that runs one starts from unless told otherwise (docker, modal;
@@ -128,6 +126,8 @@ def parse_text(text: str, hint: Any) -> Any:
             return float(text.strip())
         except ValueError:
             raise ValueError(f"expected a number, got {text!r}") from None
+    import yaml  # here: reading YAML is rare, and PyYAML costs start-up time
+
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:

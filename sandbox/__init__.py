@@ -17,39 +17,103 @@ whose schema lists them for the model. The layers are subpackages
 ``hermes_sandbox.stubs``).
 """
 
-from hermes_sandbox.agent_loop import AgentLoop, ChildTask, ChildToolbox, FunctionLoop
-from hermes_sandbox.api import execute_code, execute_code_async
-from hermes_sandbox.delegation import (
-    AsyncDelegationHost,
-    DelegationHost,
-    DelegationResult,
-    register_delegate_task,
-)
-from hermes_sandbox.environments import (
-    BackendSettings,
-    DaytonaSettings,
-    DockerSettings,
-    LocalSettings,
-    ModalSettings,
-    SingularitySettings,
-    SSHSettings,
-)
-from hermes_sandbox.errors import AgentLoopError, ConfigError, SandboxError, SettingError
-from hermes_sandbox.execute_code_tool import register_execute_code
-from hermes_sandbox.gate import Budget, ToolCallBudget
-from hermes_sandbox.openai_loop import OpenAIChatLoop
-from hermes_sandbox.result import ExecutionResult
-from hermes_sandbox.runner import RunError, RunOptions, run_code
-from hermes_sandbox.session import AsyncSession, Session
-from hermes_sandbox.tools.approval import ApprovalPolicy
-from hermes_sandbox.tools.decorator import tool
-from hermes_sandbox.tools.registry import (
-    ToolContext,
-    ToolRegistry,
-    registry,
-    tool_error,
-    tool_result,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name -> the module that defines it. They are imported at first use (PEP
+# 562), so ``hermes-sandbox run`` does not import the agent loops, the delegation host
+# or every backend's settings to run one script.
+_LAZY = {
+    "AgentLoop": "hermes_sandbox.agent_loop",
+    "ChildTask": "hermes_sandbox.agent_loop",
+    "ChildToolbox": "hermes_sandbox.agent_loop",
+    "FunctionLoop": "hermes_sandbox.agent_loop",
+    "execute_code": "hermes_sandbox.api",
+    "execute_code_async": "hermes_sandbox.api",
+    "AsyncDelegationHost": "hermes_sandbox.delegation",
+    "DelegationHost": "hermes_sandbox.delegation",
+    "DelegationResult": "hermes_sandbox.delegation",
+    "register_delegate_task": "hermes_sandbox.delegation",
+    "BackendSettings": "hermes_sandbox.environments",
+    "DaytonaSettings": "hermes_sandbox.environments",
+    "DockerSettings": "hermes_sandbox.environments",
+    "LocalSettings": "hermes_sandbox.environments",
+    "ModalSettings": "hermes_sandbox.environments",
+    "SingularitySettings": "hermes_sandbox.environments",
+    "SSHSettings": "hermes_sandbox.environments",
+    "AgentLoopError": "hermes_sandbox.errors",
+    "ConfigError": "hermes_sandbox.errors",
+    "SandboxError": "hermes_sandbox.errors",
+    "SettingError": "hermes_sandbox.errors",
+    "register_execute_code": "hermes_sandbox.execute_code_tool",
+    "Budget": "hermes_sandbox.gate",
+    "ToolCallBudget": "hermes_sandbox.gate",
+    "OpenAIChatLoop": "hermes_sandbox.openai_loop",
+    "ExecutionResult": "hermes_sandbox.result",
+    "RunError": "hermes_sandbox.runner",
+    "RunOptions": "hermes_sandbox.runner",
+    "run_code": "hermes_sandbox.runner",
+    "AsyncSession": "hermes_sandbox.session",
+    "Session": "hermes_sandbox.session",
+    "ApprovalPolicy": "hermes_sandbox.tools.approval",
+    "tool": "hermes_sandbox.tools.decorator",
+    "ToolContext": "hermes_sandbox.tools.registry",
+    "ToolRegistry": "hermes_sandbox.tools.registry",
+    "registry": "hermes_sandbox.tools.registry",
+    "tool_error": "hermes_sandbox.tools.registry",
+    "tool_result": "hermes_sandbox.tools.registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain global
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+if TYPE_CHECKING:
+    from hermes_sandbox.agent_loop import AgentLoop, ChildTask, ChildToolbox, FunctionLoop
+    from hermes_sandbox.api import execute_code, execute_code_async
+    from hermes_sandbox.delegation import (
+        AsyncDelegationHost,
+        DelegationHost,
+        DelegationResult,
+        register_delegate_task,
+    )
+    from hermes_sandbox.environments import (
+        BackendSettings,
+        DaytonaSettings,
+        DockerSettings,
+        LocalSettings,
+        ModalSettings,
+        SingularitySettings,
+        SSHSettings,
+    )
+    from hermes_sandbox.errors import AgentLoopError, ConfigError, SandboxError, SettingError
+    from hermes_sandbox.execute_code_tool import register_execute_code
+    from hermes_sandbox.gate import Budget, ToolCallBudget
+    from hermes_sandbox.openai_loop import OpenAIChatLoop
+    from hermes_sandbox.result import ExecutionResult
+    from hermes_sandbox.runner import RunError, RunOptions, run_code
+    from hermes_sandbox.session import AsyncSession, Session
+    from hermes_sandbox.tools.approval import ApprovalPolicy
+    from hermes_sandbox.tools.decorator import tool
+    from hermes_sandbox.tools.registry import (
+        ToolContext,
+        ToolRegistry,
+        registry,
+        tool_error,
+        tool_result,
+    )
 
 __version__ = "0.1.0.dev0"
 

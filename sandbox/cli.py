@@ -25,13 +25,10 @@ from typing import Any, NoReturn, TextIO
 import anyio
 
 from hermes_sandbox import __version__
-from hermes_sandbox.cli_delegate import add_delegate_command, run_delegate_command
-from hermes_sandbox.cli_sessions import add_sessions_command, run_request, run_sessions_command
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.environments.settings import PROGRESS_LOGGER
 from hermes_sandbox.errors import SandboxError, UsageError
-from hermes_sandbox.execute_code_tool import FORMATS, build_schema, tool_definition
 from hermes_sandbox.output import spill_notice
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult
 from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
@@ -46,6 +43,10 @@ from hermes_sandbox.tools.approval import Approval, ApprovalPolicy
 from hermes_sandbox.transports import TRANSPORTS
 
 USAGE_ERROR = 2
+# Commands whose parser needs nothing beyond this module: a command line naming one of
+# them builds only these, so `hermes-sandbox run` does not import the delegation host, the
+# sessions daemon or the execute_code tool to parse its arguments.
+_CORE_COMMANDS = frozenset({"run", "stub", "tools", "backends"})
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
 
@@ -289,7 +290,9 @@ def _approval_policy(args: argparse.Namespace, config: Config) -> ApprovalPolicy
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; given a ``command`` of :data:`_CORE_COMMANDS`, the
+    other commands' parsers (and their modules) are left out."""
     parser = _Parser(
         prog="hermes-sandbox",
         description="Run a Python script that calls tools through hermes_tools, in a sandbox.",
@@ -432,8 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run as a cell of the named warm session (made by the first such run; its "
         "globals survive between runs); see `hermes-sandbox sessions`",
     )
-    add_delegate_command(commands, [tool_args, run_args])
-    add_sessions_command(commands)
+    if command not in _CORE_COMMANDS:
+        from hermes_sandbox.cli_delegate import add_delegate_command
+        from hermes_sandbox.cli_sessions import add_sessions_command
+
+        add_delegate_command(commands, [tool_args, run_args])
+        add_sessions_command(commands)
 
     commands.add_parser(
         "stub",
@@ -442,6 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the hermes_tools.py a script would get.",
     )
     commands.add_parser("tools", parents=[tool_args], help="list the tools this host serves")
+    if command not in _CORE_COMMANDS:
+        _add_schema_command(commands, tool_args)
+    backends = commands.add_parser(
+        "backends",
+        help="list the backends, whether each can be used here, and why not",
+        description="List every backend, whether it can be used on this machine with the "
+        "config file's settings, and if not, why and what to do. Nothing is started.",
+    )
+    backends.add_argument("--config", metavar="PATH", help="the config file to read")
+    backends.add_argument("--json", action="store_true", help="print a JSON list")
+    return parser
+
+
+def _add_schema_command(commands: Any, tool_args: argparse.ArgumentParser) -> None:
+    from hermes_sandbox.execute_code_tool import FORMATS
+
     schema = commands.add_parser(
         "schema",
         parents=[tool_args],
@@ -469,15 +492,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the run's tool-call budget, as for run (default: the config's, else 50)",
     )
-    backends = commands.add_parser(
-        "backends",
-        help="list the backends, whether each can be used here, and why not",
-        description="List every backend, whether it can be used on this machine with the "
-        "config file's settings, and if not, why and what to do. Nothing is started.",
-    )
-    backends.add_argument("--config", metavar="PATH", help="the config file to read")
-    backends.add_argument("--json", action="store_true", help="print a JSON list")
-    return parser
 
 
 def _print_result(result: ExecutionResult, as_json: bool, *, shown_live: bool = False) -> None:
@@ -597,6 +611,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.session is not None:  # the sessions daemon runs it (sandbox/named_sessions.py)
         if stdin_fd is not None:
             options = dataclasses.replace(options, stdin=b"")
+        from hermes_sandbox.cli_sessions import run_request
+
         allowlist = [*config.approvals.allowlist, *args.allow_command]
         result = run_request(args.session, code, options, args.tools_module, allowlist)
         _print_result(result, args.json)
@@ -665,6 +681,8 @@ def _limit_options(args: argparse.Namespace, config: Config) -> RunOptions:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
+    from hermes_sandbox.execute_code_tool import build_schema, tool_definition
+
     config = _prepare(args)
     tools = resolve_tools(registry, _selected_tools(args, config))
     schema = build_schema(tools, registry=registry, options=_limit_options(args, config))
@@ -737,9 +755,21 @@ def _log_to_stderr(verbose: bool) -> None:
     logging.getLogger(PROGRESS_LOGGER).setLevel(logging.INFO)
 
 
+def _cmd_delegate(args: argparse.Namespace) -> int:
+    from hermes_sandbox.cli_delegate import run_delegate_command
+
+    return run_delegate_command(args)
+
+
+def _cmd_sessions(args: argparse.Namespace) -> int:
+    from hermes_sandbox.cli_sessions import run_sessions_command
+
+    return run_sessions_command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv, script_args = _split_script_args(list(sys.argv[1:] if argv is None else argv))
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv else None)
     try:
         args = parser.parse_args(argv)
         if script_args and args.command != "run":
@@ -760,8 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tools": _cmd_tools,
         "schema": _cmd_schema,
         "backends": _cmd_backends,
-        "delegate": run_delegate_command,
-        "sessions": run_sessions_command,
+        "delegate": _cmd_delegate,
+        "sessions": _cmd_sessions,
     }
     try:
         return handlers[args.command](args)

@@ -38,15 +38,16 @@ import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from hermes_sandbox.environments import BACKENDS, BackendSettings, get_settings_class
 from hermes_sandbox.environments.settings import Place, config_place
 from hermes_sandbox.errors import ConfigError
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION
 from hermes_sandbox.tools.approval import ALLOWLIST_REGEX_PREFIX
+
+if TYPE_CHECKING:  # PyYAML is imported when a config file is read
+    import yaml
 
 ENV_VAR = "HERMES_SANDBOX_CONFIG"
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -219,6 +220,8 @@ def _build(cls: Any, data: dict[str, Any], where: str) -> Any:
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error on one line: where, then what (PyYAML's own text spans several)."""
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         what = "; ".join(part for part in (exc.context, exc.problem) if part)
@@ -228,6 +231,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def parse_config(text: str, source: str = "config") -> Config:
     """Parse YAML text into a Config; raise ConfigError naming the bad setting."""
+    import yaml
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -270,6 +275,8 @@ def add_to_allowlist(path: str, pattern: str) -> None:
     provider keys. Raises :class:`ConfigError` when the file cannot be read, parsed or
     written.
     """
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from hermes_sandbox.tools.command_rules import LazyPattern  # compiled at first use
+
 # Vendor key formats: a fixed prefix, then the key's own characters.
 _KEY_FORMATS = (
     r"sk-[A-Za-z0-9_-]{10,}",  # OpenAI, OpenRouter, Anthropic (sk-ant-...)
@@ -57,42 +59,44 @@ _KEY_FORMATS = (
     r"fpk_[A-Za-z0-9]{30,}",  # Fireworks project key
 )
 # A key stands alone: not the tail of a longer identifier, not cut short by one.
-_KEY = re.compile(r"(?<![A-Za-z0-9_-])(?:" + "|".join(_KEY_FORMATS) + r")(?![A-Za-z0-9_-])")
+_KEY = LazyPattern(r"(?<![A-Za-z0-9_-])(?:" + "|".join(_KEY_FORMATS) + r")(?![A-Za-z0-9_-])")
 # Each format's literal start: text holding none of them cannot match _KEY (a cheap test).
 _KEY_STARTS = tuple(re.split(r"[\\\[(.?*+|{^$]", f, maxsplit=1)[0] for f in _KEY_FORMATS)
 
 # "Authorization: Bearer <credential>", any scheme or none; the credential stops at a
 # quote so a masked header inside a quoted string keeps its closing quote.
-_AUTHORIZATION = re.compile(
+_AUTHORIZATION = LazyPattern(
     r"((?:Proxy-)?Authorization:\s*)([A-Za-z][\w.+-]*\s+)?([^\s\"']+)", re.IGNORECASE
 )
 # Headers that carry a bare key.
-_KEY_HEADER = re.compile(
+_KEY_HEADER = LazyPattern(
     r"((?:x-api-key|x-goog-api-key|api-key|apikey|x-api-token|x-auth-token|x-access-token)"
     r"\s*:\s*)(\S+)",
     re.IGNORECASE,
 )
 # Telegram bot tokens: [bot]<digits>:<30+ token characters>; the digits stay.
-_TELEGRAM = re.compile(r"(bot)?(\d{8,}):([-A-Za-z0-9_]{30,})")
-_PRIVATE_KEY = re.compile(
+_TELEGRAM = LazyPattern(r"(bot)?(\d{8,}):([-A-Za-z0-9_]{30,})")
+_PRIVATE_KEY = LazyPattern(
     r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----"
 )
 # The password of a database URL (scheme://user:PASSWORD@host); never across whitespace,
 # so it cannot run on to an "@" lines later.
-_DATABASE_URL = re.compile(
+_DATABASE_URL = LazyPattern(
     r"((?:postgres(?:ql)?|mysql|mongodb(?:\+srv)?|redis|amqp)://[^:\s]+:)([^@\s]+)(@)",
     re.IGNORECASE,
 )
 # A lone credential as a web URL's user (https://TOKEN@host, as git remotes carry them).
 # Eight characters at least, so git@, admin@ and the like stay; user:password@ is left
 # alone, as are tokens in query strings (links the model is meant to follow).
-_URL_TOKEN_USER = re.compile(
+_URL_TOKEN_USER = LazyPattern(
     r"((?:https?|wss?|git|ssh|ftp|ftps|sftp)://)([^\s:@/]{8,})(@\S+)", re.IGNORECASE
 )
 # JSON Web Tokens: a base64 JSON header ("eyJ"), then up to two more parts.
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{10,}(?:\.[A-Za-z0-9_=-]{4,}){0,2}")
+_JWT = LazyPattern(r"eyJ[A-Za-z0-9_-]{10,}(?:\.[A-Za-z0-9_=-]{4,}){0,2}")
 # The whole text is one form body (k=v&k=v): the values of these keys are masked.
-_FORM_BODY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*=[^&\s]*(?:&[A-Za-z_][A-Za-z0-9_.-]*=[^&\s]*)+$")
+_FORM_BODY = LazyPattern(
+    r"^[A-Za-z_][A-Za-z0-9_.-]*=[^&\s]*(?:&[A-Za-z_][A-Za-z0-9_.-]*=[^&\s]*)+$"
+)
 _FORM_SECRET_KEYS = frozenset(
     {
         "access_token",
@@ -117,7 +121,7 @@ _FORM_SECRET_KEYS = frozenset(
 # ECMA-48 escape sequences: CSI (with private-mode and colon parameters), OSC ended by
 # BEL or ST, DCS/SOS/PM/APC strings, nF escapes, single-character escapes, and their
 # 8-bit C1 forms.
-_ANSI = re.compile(
+_ANSI = LazyPattern(
     r"\x1b(?:"
     r"\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]"
     r"|\][\s\S]*?(?:\x07|\x1b\\)"
@@ -129,7 +133,7 @@ _ANSI = re.compile(
     r"|\x9d[\s\S]*?(?:\x07|\x9c)"
     r"|[\x80-\x9f]"
 )
-_MAY_HAVE_ESCAPES = re.compile(r"[\x1b\x80-\x9f]")
+_MAY_HAVE_ESCAPES = LazyPattern(r"[\x1b\x80-\x9f]")
 
 
 def mask(secret: str) -> str:

@@ -1,6 +1,6 @@
 """The supervisor: every local launch runs under it, and what it launched dies with it.
 
-Stdlib only, Python 3.6+, Linux; run by the host's Python as ``python -E -s -S
+Stdlib only, Python 3.6+, Linux; run by the host's Python as ``python -E -S
 _supervisor.py --lifeline FD --parent PID [--remove DIR] -- ARGV...``. It
 
 - is a child subreaper, so whatever ARGV starts (daemons that double-fork, leave the

@@ -26,6 +26,7 @@ import hermes_sandbox.tools as tools_package
 from hermes_sandbox.errors import ToolsetError
 from hermes_sandbox.tools.discovery import (
     BUILTIN_EXCLUDED,
+    BUILTIN_TOOL_MODULES,
     discover_builtin_tools,
     discover_tools_directory,
     module_registers_tools,
@@ -264,6 +265,7 @@ def test_discovers_every_builtin_tool_module() -> None:
         and module_registers_tools(path, "hermes_sandbox.tools")
     ]
     assert discover_builtin_tools() == expected
+    assert [f"hermes_sandbox.tools.{stem}" for stem in BUILTIN_TOOL_MODULES] == expected
     for module in ("file_tools", "terminal_tool", "search_tool", "patch_tool", "web_tools"):
         assert f"hermes_sandbox.tools.{module}" in expected
 

@@ -9,7 +9,8 @@ tool's ``parameters`` schema once and then, per call:
    keeping the original wherever no conversion fits;
 2. validates the result. The ``jsonschema`` library (Draft 2020-12 unless the schema's
    ``$schema`` names another draft) is the reference: it checks the schema when the tool
-   is registered and words every problem. Because it costs 20-60 µs a call, the schema is
+   is registered (a built-in tool's, which the test suite checks, at its first need)
+   and words every problem. Because it costs 20-60 µs a call, the schema is
    also compiled by ``fastjsonschema`` into Python code that decides the valid case in a
    few microseconds; jsonschema is consulted only when that code says no. Where
    fastjsonschema (which reads schemas as draft 7) would judge differently, see
@@ -26,7 +27,9 @@ import copy
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -677,6 +680,36 @@ def _problems_from(error: Any, base: str) -> list[Problem]:
 # ------------------------------------------------------------------------- the facade
 
 
+# Set while the built-in tool modules register (tools/discovery.py): their schemas are
+# checked by the test suite (tests/test_tools_startup.py), so start-up skips the check and
+# the jsonschema import; each validator is built, and its schema checked, at first need.
+_schema_checked: ContextVar[bool] = ContextVar("hermes_sandbox_schema_checked", default=False)
+
+
+@contextmanager
+def schemas_checked_elsewhere() -> Iterator[None]:
+    """Within it, :class:`ToolArguments` defers the schema check to the first validation."""
+    token = _schema_checked.set(True)
+    try:
+        yield
+    finally:
+        _schema_checked.reset(token)
+
+
+def _jsonschema_validator(parameters: Any) -> Any:
+    """jsonschema's validator for ``parameters`` (its draft, else 2020-12), after
+    checking the schema; ValueError when it is not a valid JSON Schema."""
+    import jsonschema
+    import jsonschema.validators
+
+    cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(parameters)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"invalid parameters schema: {exc.message}") from None
+    return cls(parameters)
+
+
 class ToolArguments:
     """One tool's compiled argument handling: coercion, then validation.
 
@@ -686,22 +719,23 @@ class ToolArguments:
     """
 
     def __init__(self, parameters: Any, *, base: str = "args") -> None:
-        import jsonschema
-        import jsonschema.validators
-
-        cls = jsonschema.validators.validator_for(
-            parameters, default=jsonschema.Draft202012Validator
-        )
-        try:
-            cls.check_schema(parameters)  # now: a bad schema is the tool's bug
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"invalid parameters schema: {exc.message}") from None
         self.parameters = parameters
         self.base = base
-        self._validator: Any = cls(parameters)
+        self._validator: Any = None
         self._fast: Check | None = None
         self._compiled = False
+        if not _schema_checked.get():
+            self._validator = _jsonschema_validator(
+                parameters
+            )  # now: a bad schema is the tool's bug
         self._coerce = _CoercerBuilder(parameters, self._branch_check).build(parameters)
+
+    @property
+    def validator(self) -> Any:
+        """The jsonschema validator of ``parameters``, built at the first need."""
+        if self._validator is None:
+            self._validator = _jsonschema_validator(self.parameters)
+        return self._validator
 
     def _fast_path(self) -> Check | None:
         if not self._compiled:
@@ -717,7 +751,7 @@ class ToolArguments:
             if not compiled:
                 fast = fast_validator(branch, refs=False)
                 if fast is None:  # jsonschema resolves its references in the whole schema
-                    fast = self._validator.evolve(schema=branch).is_valid
+                    fast = self.validator.evolve(schema=branch).is_valid
                 compiled.append(fast)
             return bool(compiled[0](value))
 
@@ -743,7 +777,7 @@ class ToolArguments:
         fast = self._fast_path()
         if fast is not None and fast(args):
             return True
-        return bool(self._validator.is_valid(args))
+        return bool(self.validator.is_valid(args))
 
     def problems(self, args: Any, limit: int = MAX_PROBLEMS) -> list[Problem]:
         """What is wrong with ``args`` (at most ``limit`` problems, plus a count of the rest)."""
@@ -751,7 +785,7 @@ class ToolArguments:
         if fast is not None and fast(args):
             return []
         found: list[Problem] = []
-        for error in self._validator.iter_errors(args):
+        for error in self.validator.iter_errors(args):
             for problem in _problems_from(error, self.base):
                 if problem not in found:
                     found.append(problem)

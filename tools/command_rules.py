@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Scope = Literal["command", "redirect", "pipeline", "text", "script", "wrapper"]
 SessionScope = Literal["command", "pattern"]
@@ -34,14 +34,46 @@ class DangerousPattern:
     key: str
     reason: str
     scope: Scope
-    regex: re.Pattern[str]
-    programs: re.Pattern[str] | None = None  # command/wrapper scope: fullmatch on program
-    unless_programs: re.Pattern[str] | None = None  # text scope: skip these programs
+    regex: Regex
+    programs: Regex | None = None  # command/wrapper scope: fullmatch on program
+    unless_programs: Regex | None = None  # text scope: skip these programs
     session: SessionScope = "command"
 
 
-def rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    return re.compile(pattern, flags)
+class LazyPattern:
+    """A regular expression compiled at its first use, then used as the compiled one.
+
+    The table holds a few hundred; compiling them all cost ~100 ms of every start-up,
+    also of the runs that never read a command against them. Two threads that use one
+    first may both compile it; both get the same pattern.
+    """
+
+    __slots__ = ("_compiled", "flags", "pattern")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self.pattern = pattern
+        self.flags = flags
+        self._compiled: re.Pattern[str] | None = None
+
+    @property
+    def compiled(self) -> re.Pattern[str]:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(self.pattern, self.flags)
+        return compiled
+
+    def __getattr__(self, name: str) -> Any:  # search, fullmatch, finditer, ...
+        return getattr(self.compiled, name)
+
+    def __repr__(self) -> str:
+        return f"LazyPattern({self.pattern!r}, {self.flags!r})"
+
+
+Regex = re.Pattern[str] | LazyPattern
+
+
+def rx(pattern: str, flags: int = 0) -> LazyPattern:
+    return LazyPattern(pattern, flags)
 
 
 ARG = r"(?:^| )"  # the start of an argument

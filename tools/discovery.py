@@ -11,7 +11,8 @@ is logged (a warning naming the module and the exception) and skipped: one broke
 never takes the others down.
 
 Three places are searched: the built-in ``tools`` package (:func:`discover_builtin_tools`,
-once per process), a user's directory of tool files (:func:`discover_tools_directory`),
+once per process, from :data:`BUILTIN_TOOL_MODULES`, which the test suite checks against
+a scan of the package), a user's directory of tool files (:func:`discover_tools_directory`),
 and the submodules of a plugin package (:func:`discover_package`).
 """
 
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
+from hermes_sandbox.tools.arguments import schemas_checked_elsewhere
 from hermes_sandbox.tools.loader import ToolModuleError, import_file
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,12 @@ log = logging.getLogger(__name__)
 BUILTIN_EXCLUDED = frozenset(
     {"registry.py", "async_bridge.py", "capping.py", "loader.py", "discovery.py"}
 )
+
+# The modules of the tools package that register tools, as a scan finds them
+# (tests/test_registry_hermes_cases.py holds the two equal): start-up imports these
+# without parsing the package's ~20 files. Their schemas are checked by the test suite
+# too, so they register without the jsonschema check (tools/arguments.py).
+BUILTIN_TOOL_MODULES = ("file_tools", "patch_tool", "search_tool", "terminal_tool", "web_tools")
 
 # Every spelling of the default registry and of ``@tool``: the public top-level names,
 # and where they are defined.
@@ -218,8 +226,8 @@ _builtin_modules: list[str] | None = None
 def discover_builtin_tools(*, refresh: bool = False) -> list[str]:
     """Import the modules of the ``tools`` package that register tools; their names.
 
-    Runs once per process; later calls return the first answer (``refresh`` scans
-    again, importing modules that are new since).
+    Runs once per process, from :data:`BUILTIN_TOOL_MODULES`; later calls return the
+    first answer (``refresh`` scans the package, importing modules that are new since).
     """
     global _builtin_modules
     with _builtin_lock:
@@ -227,12 +235,22 @@ def discover_builtin_tools(*, refresh: bool = False) -> list[str]:
             return list(_builtin_modules)
         from hermes_sandbox import tools
 
-        directory = Path(tools.__file__).parent
-        imported = []
         package = tools.__name__
-        for path in find_tool_files(directory, package=package, exclude=BUILTIN_EXCLUDED):
-            name = f"{package}.{path.stem}"
-            if _import_or_warn(name) is not None:
+        if refresh:
+            directory = Path(tools.__file__).parent
+            found = find_tool_files(directory, package=package, exclude=BUILTIN_EXCLUDED)
+            stems = [path.stem for path in found]
+        else:
+            stems = list(BUILTIN_TOOL_MODULES)
+        imported = []
+        for stem in stems:
+            name = f"{package}.{stem}"
+            if stem in BUILTIN_TOOL_MODULES:
+                with schemas_checked_elsewhere():
+                    module = _import_or_warn(name)
+            else:
+                module = _import_or_warn(name)
+            if module is not None:
                 imported.append(name)
         _builtin_modules = imported
         return list(imported)
@@ -302,6 +320,7 @@ def discover_package(package: ModuleType | str) -> list[ModuleType]:
 
 __all__ = [
     "BUILTIN_EXCLUDED",
+    "BUILTIN_TOOL_MODULES",
     "discover_builtin_tools",
     "discover_package",
     "discover_tools_directory",

@@ -1,0 +1,131 @@
+"""What start-up leaves out: ``hermes-sandbox run`` of one script imports no SDK, no
+jsonschema, no PyYAML without a config file and no agent loop, and what it defers is
+still checked (the built-in schemas, the regular expressions, the public names).
+
+Structural, not timed: the speed itself is a row of scripts/bench (cold.cli.local).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+from test_cli import cli_env
+
+import hermes_sandbox
+import hermes_sandbox.environments as environments
+from hermes_sandbox.redaction import clean_for_model
+from hermes_sandbox.tools import load_builtin_tools, registry
+from hermes_sandbox.tools.approval import DANGEROUS_PATTERNS
+from hermes_sandbox.tools.arguments import ToolArguments, schemas_checked_elsewhere
+from hermes_sandbox.tools.command_rules import LazyPattern
+from hermes_sandbox.tools.routine_patterns import ROUTINE_PATTERNS
+
+# Modules a run of print(1) on the local backend has no use for.
+NOT_IMPORTED = (
+    "jsonschema",
+    "docker",
+    "paramiko",
+    "modal",
+    "daytona",
+    "httpx",
+    "yaml",
+    "hermes_sandbox.delegation",
+    "hermes_sandbox.openai_loop",
+    "hermes_sandbox.environments.docker",
+    "hermes_sandbox.environments.ssh",
+)
+
+# The console script's entry point, run in-process; then sys.modules, into a file
+# (stdout is the script's).
+PROGRAM = textwrap.dedent(
+    """\
+    import json, sys
+    from hermes_sandbox.cli import main
+
+    status = main(["run", sys.argv[1]])
+    with open(sys.argv[2], "w") as f:
+        json.dump({"status": status, "modules": sorted(sys.modules)}, f)
+    """
+)
+
+
+def test_run_of_print_1_imports_no_sdk_and_no_jsonschema(tmp_path: Path) -> None:
+    script = tmp_path / "print1.py"
+    script.write_text("print(1)\n")
+    report = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(script), str(report)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    seen = json.loads(report.read_text())
+    assert seen["status"] == 0
+    modules = set(seen["modules"])
+    assert "hermes_sandbox.tools.file_tools" in modules  # the tools did load
+    imported = [m for m in NOT_IMPORTED if m in modules]
+    assert imported == []
+
+
+def test_builtin_tool_schemas_are_valid() -> None:
+    """The built-in tools register without the jsonschema check; it is made here."""
+    load_builtin_tools()
+    names = registry.names()
+    assert {"read_file", "terminal", "web_search"} <= set(names)
+    for name in names:
+        parameters = registry.get(name).schema["function"]["parameters"]
+        cls = jsonschema.validators.validator_for(
+            parameters, default=jsonschema.Draft202012Validator
+        )
+        cls.check_schema(parameters)
+
+
+def test_a_deferred_bad_schema_fails_at_its_first_validation() -> None:
+    bad = {"type": "object", "properties": {"x": {"type": "integr"}}}
+    with pytest.raises(ValueError, match="invalid parameters schema"):
+        ToolArguments(bad)
+    with schemas_checked_elsewhere():
+        deferred = ToolArguments(bad)
+    with pytest.raises(ValueError, match="invalid parameters schema"):
+        deferred.problems({"x": "not an integer"})
+    with pytest.raises(ValueError, match="invalid parameters schema"):
+        ToolArguments(bad)  # the deferral ended with the block
+
+
+def test_every_deferred_regex_compiles() -> None:
+    patterns = []
+    for row in (*DANGEROUS_PATTERNS, *ROUTINE_PATTERNS):
+        patterns += [row.regex, row.programs, row.unless_programs]
+    lazy = [p for p in patterns if isinstance(p, LazyPattern)]
+    assert len(lazy) > 100
+    for pattern in lazy:
+        assert pattern.compiled.pattern == pattern.pattern
+    assert LazyPattern("a+b", 0).fullmatch("aab")
+    with pytest.raises(Exception, match="unterminated"):
+        LazyPattern("(", 0).search("x")  # a bad one fails where it is used
+    assert clean_for_model("\x1b[31mkey sk-abcdefghijklmnopqrstuvwxyz0123\x1b[0m") == (
+        "key sk-abc...0123"
+    )
+
+
+def test_public_names_resolve_lazily() -> None:
+    for name in hermes_sandbox.__all__:
+        assert getattr(hermes_sandbox, name) is not None, name
+    assert set(hermes_sandbox.__all__) <= set(dir(hermes_sandbox))
+    assert hermes_sandbox.DockerSettings is environments.DockerSettings
+    assert environments.SSHSettings.backend == "ssh"
+    with pytest.raises(AttributeError):
+        _ = hermes_sandbox.no_such_name
+    with pytest.raises(AttributeError):
+        _ = environments.NoSuchSettings
