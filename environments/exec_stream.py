@@ -37,6 +37,7 @@ from hermes_sandbox.environments.base import (
     FileStat,
     Runtime,
     SandboxProcess,
+    check_stage_names,
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import BackendError, EnvironmentFailure, SpawnNotAvailable
@@ -345,6 +346,31 @@ class ExecStreamEnvironment(Environment, Runtime):
 
     async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
         answer = await self._helper("mkdtemp", prefix, parent or self.scratch_parent)
+        return self._made_dir(answer)
+
+    async def make_stage(
+        self,
+        prefix: str,
+        files: Mapping[str, bytes],
+        *,
+        parent: str | None = None,
+        mode: int = 0o600,
+    ) -> str:
+        """The directory and its files in one exec: the helper's ``stage``."""
+        check_stage_names(files)
+        bundle = bytearray()
+        for name, data in files.items():
+            bundle += (
+                f"{name.encode('utf-8', 'surrogateescape').hex()} {mode:o} {len(data)}\n".encode()
+            )
+            bundle += data
+        answer = await self._helper(
+            "stage", prefix, parent or self.scratch_parent, data=bytes(bundle)
+        )
+        return self._made_dir(answer)
+
+    def _made_dir(self, answer: bytes) -> str:
+        """The directory the helper made (``mkdtemp``, ``stage``); learns the home."""
         made, home = answer.decode().split("\t")
         self._home = unhex(home) or None
         return unhex(made)

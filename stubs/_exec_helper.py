@@ -16,7 +16,9 @@ this process as a child subreaper: what it leaves running is killed when it exit
 process with the marker, and their sessions: for the Modal backend's own execs),
 ``stat PATH``, ``read PATH MAX``, ``write PATH PARENTS
 MODE`` (data on stdin), ``mkdtemp PREFIX PARENT`` (prints the new directory and the
-user's home), ``rmtree PATH``.
+user's home), ``stage PREFIX PARENT`` (``mkdtemp``, then the files of the bundle on
+stdin written into the new directory: per file a line ``NAME MODE SIZE``, the name
+hex-encoded and the mode octal, then SIZE bytes), ``rmtree PATH``.
 """
 
 import errno
@@ -197,6 +199,38 @@ def make_private_dir(prefix, parent):
             continue
 
 
+def read_exactly(stream, size):
+    data = stream.read(size)
+    if len(data) != size:
+        raise OSError(errno.EPIPE, "the bundle ended early")
+    return data
+
+
+def stage(prefix, parent, bundle):
+    """Make a private directory and write the bundle's files into it, each made anew
+    (never through a name that exists); on failure nothing is left."""
+    made = make_private_dir(prefix, parent)
+    try:
+        while True:
+            header = bundle.readline()
+            if not header:
+                return made
+            name, mode, size = header.split()
+            name = bytes.fromhex(name.decode()).decode("utf-8", "surrogateescape")
+            if "/" in name or name in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "not a file name", name)
+            data = read_exactly(bundle, int(size))
+            path = os.path.join(made, name)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(path, flags, int(mode, 8))
+            os.fchmod(fd, int(mode, 8))  # not narrowed by the umask
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    except BaseException:
+        remove_tree(made)
+        raise
+
+
 def main(verb, args):
     if verb == "run":
         return run(args[0], float(args[1]), args[2], args[3])
@@ -233,8 +267,11 @@ def main(verb, args):
                 f.write(data)
             if mode:
                 os.chmod(path, int(mode, 8))
-        elif verb == "mkdtemp":
-            made = make_private_dir(args[0], args[1])
+        elif verb in ("mkdtemp", "stage"):
+            if verb == "stage":
+                made = stage(args[0], args[1], sys.stdin.buffer)
+            else:
+                made = make_private_dir(args[0], args[1])
             out.write((hexed(made) + "\t" + hexed(os.path.expanduser("~"))).encode())
         elif verb == "rmtree":
             remove_tree(args[0])
