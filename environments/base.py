@@ -226,13 +226,17 @@ class Runtime(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> ExecStream:
         """Start ``argv`` with its stdin and stdout attached to the returned stream.
 
         ``env`` adds to (does not replace) the environment's own variables; ``stage`` is
-        as for :meth:`spawn`. Closing the stream ends the process's stdin and stops the
-        client side; the process itself is expected to exit on end of input (the relay
-        does).
+        as for :meth:`spawn`; ``files`` (by name, mode 0600) are written into the
+        existing directory ``stage`` first, replacing what had their names (a backend
+        where each operation is a round trip does it in the same one; if it fails, the
+        stream ends with the reason in its ``stderr_tail``). Closing the stream ends
+        the process's stdin and stops the client side; the process itself is expected
+        to exit on end of input (the relay does).
         """
 
     @abc.abstractmethod

@@ -484,12 +484,6 @@ def _script_files(
     return StagedScript(files, name, stdin)
 
 
-async def _write_script(stage: Stage, script: StagedScript) -> None:
-    """Write ``script``'s files into a stage that exists already."""
-    for name, data in script.files.items():
-        await stage.runtime.write_bytes(posixpath.join(stage.path, name), data, mode=0o600)
-
-
 def _runs_in_place(runtime: Runtime, options: RunOptions) -> bool:
     """Whether the script's own file runs, in its directory: on a backend that shares
     this host, when that directory is in the script's working directory (which a
@@ -542,11 +536,13 @@ def launch_script(
     extra_env: Mapping[str, str] | None = None,
     *,
     stdin_path: str | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> tuple[RPCServer, AbstractAsyncContextManager[Any]]:
     """The launch of ``argv`` in ``stage`` over the stage's transport, with a server of
     its own (a fresh token) answering its calls with ``handler``: entering the launch
     starts the program and serves it, and yields the running process; leaving it ends
-    both. The program's stdin reads ``stdin_path`` (a file in the stage), else nothing."""
+    both. The program's stdin reads ``stdin_path`` (a file in the stage), else nothing;
+    ``files`` are written into the stage (by name) before it starts."""
     token = secrets.token_urlsafe(32)
     server = RPCServer(handler, token=token, max_frame_size=options.max_frame_size)
     pythonpath = stage.base_env.get("PYTHONPATH")
@@ -557,7 +553,14 @@ def launch_script(
         "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
         "PYTHONPATH": stage.path + (os.pathsep + pythonpath if pythonpath else ""),
     }
-    script = Script(stage=stage.path, argv=argv, env=child_env, cwd=cwd, stdin_path=stdin_path)
+    script = Script(
+        stage=stage.path,
+        argv=argv,
+        env=child_env,
+        cwd=cwd,
+        stdin_path=stdin_path,
+        files=dict(files or {}),
+    )
     return server, TRANSPORTS[stage.transport](stage.runtime, server, script)
 
 
@@ -594,16 +597,18 @@ async def run_in_stage(
     lost: str | None = None  # why the sandbox went away mid-run, if it did
     cwd = options.cwd or runtime.default_cwd
     try:
-        clock = time.monotonic()
-        script = staged
-        if script is None:
-            script = _script_files(runtime, code, _stub_names(plan), options)
-            await _write_script(stage, script)
-            log.info("staged the script in %s in %.2fs", stage.path, _since(clock))
+        script = staged or _script_files(runtime, code, _stub_names(plan), options)
         script_argv, stdin_path = script.argv(stage.path, options)
         gate = ToolGate(plan.registry, plan.tools, budget, tool_context(stage, options, cwd))
+        # Files not staged yet go with the launch (over the relay: in its own exec).
         server, launch = launch_script(
-            stage, gate, [runtime.python, *script_argv], cwd, options, stdin_path=stdin_path
+            stage,
+            gate,
+            [runtime.python, *script_argv],
+            cwd,
+            options,
+            stdin_path=stdin_path,
+            files={} if staged else script.files,
         )
         log.info("running %s in %s", shlex.join([runtime.python, *script_argv]), cwd)
         clock = time.monotonic()

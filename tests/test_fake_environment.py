@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import anyio
 import psutil
@@ -146,3 +147,29 @@ async def test_the_helper_refuses_a_bundle_name_that_leaves_the_directory(name):
             await env._helper("stage", "hermes-test-", env.root, data=bundle)
         assert [e for e in os.listdir(env.root) if e.startswith("hermes-test-")] == []
         assert not await anyio.Path(env.root, "escaped").exists()
+
+
+@pytest.mark.anyio
+async def test_files_go_in_with_the_program_and_never_through_a_planted_symlink(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept")
+    async with FakeEnvironment(FakeSettings()) as env:
+        stage = await env.make_stage("hermes-test-", {})
+        await anyio.Path(stage, "script.py").symlink_to(outside)  # planted by a script
+        before = len(env.execs)
+        reader = "import sys; print(open(sys.argv[1]).read()); print(sys.stdin.read())"
+        stream = await env.open_exec_stream(
+            [sys.executable, "-c", reader, f"{stage}/script.py"],
+            stage=stage,
+            files={"script.py": b"new", "stdin": b"\0" * 100000},
+        )
+        async with stream:
+            await stream.send(b"the rest")
+            await stream.send_eof()
+            output = b"".join([chunk async for chunk in stream])
+            assert await stream.wait() == 0
+        assert len(env.execs) == before + 1
+        assert output == b"new\nthe rest\n"
+        assert outside.read_text() == "kept"
+        assert not await anyio.Path(stage, "script.py").is_symlink()
+        assert await anyio.Path(stage, "stdin").read_bytes() == b"\0" * 100000

@@ -464,14 +464,18 @@ class DockerEnvironment(ExecStreamEnvironment):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> DockerExecStream:
-        """Start ``argv`` in the container with stdin and stdout as one stream.
+        """Start ``argv`` in the container with stdin and stdout as one stream (after
+        writing ``files`` into ``stage`` in the same exec).
 
         A ``cwd`` that does not exist, or an ``argv[0]`` not found, is reported the way
         the engine reports it: exit code 126/127 from :meth:`DockerExecStream.wait` and
         the engine's message in ``stderr_tail``.
         """
-        return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True)
+        stream = await super().open_exec_stream(argv, env=env, cwd=cwd, stage=stage, files=files)
+        assert isinstance(stream, DockerExecStream)
+        return stream
 
     async def _open_exec(
         self,
