@@ -179,14 +179,17 @@ def _summarize_cell(samples: list[Sample]) -> dict[str, Any]:
     return {**_paired(samples, "cell", "warm"), "start_p50_ms": round(stats.median(starts), 2)}
 
 
-def _summarize_floor_start(samples: list[Sample]) -> dict[str, Any]:
+def _summarize_times(samples: list[Sample]) -> dict[str, Any]:
     times = [x for s in samples for x in s["ms"]]
     return {
         "p50_ms": round(stats.median(times), 2),
         "p90_ms": round(stats.percentile(times, 90), 2),
         "runs": len(times),
-        "argv": samples[0]["argv"],
     }
+
+
+def _summarize_floor_start(samples: list[Sample]) -> dict[str, Any]:
+    return {**_summarize_times(samples), "argv": samples[0]["argv"]}
 
 
 def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
@@ -368,6 +371,32 @@ def build_cases(settings: Settings) -> list[Case]:
                 probe=b.probe,
                 params={"baseline": f"{b.name}-start", "backend": b.name},
                 kind="baseline",
+            )
+        )
+
+    # A run in a warm docker container (a Session), and its floor: a bare exec of
+    # python3 -c 1 in such a container through the engine; the rounds take turns.
+    warm_docker = (
+        ("warm.docker", "print(1) in a warm Session / docker", subject.run_session, "subject"),
+        (
+            "warm.floor.docker",
+            "floor: docker exec CONTAINER python3 -c 1",
+            streams.docker_exec,
+            "baseline",
+        ),
+    )
+    for case_id, label, measure, kind in warm_docker:
+        cases.append(
+            Case(
+                id=case_id,
+                section="warm",
+                label=label,
+                measure=partial(measure, docker.options(), s.cold_runs),
+                summarize=_summarize_times,
+                rounds=s.cold_rounds,
+                probe=docker.probe,
+                params={"backend": "docker"},
+                kind=kind,
             )
         )
 

@@ -262,6 +262,30 @@ def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
     return {"warm_ms": warm_ms, "one_shot_ms": one_shot_ms}
 
 
+def run_session(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """``print(1)`` in a warm :class:`Session`, ``runs`` times, each timed from the call
+    to its result; one untimed run first. Beside a floor row (``warm.floor.docker``)."""
+    options: dict[str, Any] = {"registry": bench_registry(), "tools": (), "timeout": 300}
+    options.update(run_options)
+    try:
+        session = Session(**options)
+        session.start()
+    except (RunError, BackendError) as exc:
+        raise NotAvailable(str(exc)) from exc
+    times: list[float] = []
+    with session:
+        for i in range(runs + 1):
+            t0 = time.perf_counter()
+            result = session.run("print(1)")
+            if i:
+                times.append((time.perf_counter() - t0) * 1000)
+            if _killed(result):
+                raise ScriptKilled(f"print(1) was killed (exit code {result.exit_code})")
+            if result.status != "success" or result.output.strip() != "1":
+                raise RuntimeError(f"print(1) in a session gave {result.to_dict()}")
+    return {"ms": times}
+
+
 def run_cell(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
     """``print(1)`` as one cell of a persistent interpreter and as a run in a warm
     (non-persistent) :class:`Session` beside it (the baseline), interleaved, ``runs``

@@ -190,6 +190,16 @@ def build_targets() -> list[Target]:
                 Figure(f"cold.floor.{name}", "p50_ms", " ms"),
             )
         )
+    targets.append(
+        Target(
+            "warm-docker-vs-floor",
+            "A run in a warm docker container: at most 1.5x a bare exec of python3 -c 1 there",
+            Figure("warm.docker", "p50_ms", " ms"),
+            "<=",
+            1.5,
+            Figure("warm.floor.docker", "p50_ms", " ms"),
+        )
+    )
     return targets
 
 

@@ -17,11 +17,13 @@ scripts: sandbox/ decides what to run, rpc/ carries the calls.
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Literal, Self
 
+import anyio
 import anyio.abc
 
 from hermes_sandbox.environments.settings import BackendSettings, api_place
@@ -95,6 +97,13 @@ class ExecStream(anyio.abc.ByteStream):
         """Wait for the process to exit; return its exit code."""
 
 
+def check_stage_names(files: Mapping[str, bytes]) -> None:
+    """Raise OSError(EINVAL) unless every name is a plain file name (no directory)."""
+    for name in files:
+        if "/" in name or name in ("", ".", ".."):
+            raise OSError(errno.EINVAL, "not a file name", name)
+
+
 class Runtime(abc.ABC):
     """What runs things in a started environment: shell commands, files, scratch
     directories, processes and exec streams. The runner and the tools (through their
@@ -124,6 +133,12 @@ class Runtime(abc.ABC):
         can serve tool calls over a Unix socket or files there; otherwise it uses the
         stream relay."""
         return None
+
+    @property
+    def discards_on_close(self) -> bool:
+        """Whether closing the environment now removes everything made in it, files
+        included (a container of its own): what is about to go needs no removing."""
+        return False
 
     @property
     @abc.abstractmethod
@@ -159,6 +174,29 @@ class Runtime(abc.ABC):
         """Create a fresh directory only the environment's user can enter (mode 0700),
         in ``parent`` or the environment's scratch directory."""
 
+    async def make_stage(
+        self,
+        prefix: str,
+        files: Mapping[str, bytes],
+        *,
+        parent: str | None = None,
+        mode: int = 0o600,
+    ) -> str:
+        """A fresh private directory, as :meth:`make_private_dir` makes, holding
+        ``files`` (by name, each with ``mode``); nothing is left if it fails. A backend
+        where each operation is a round trip does it in one. Raises OSError (EINVAL
+        for a name that is not a plain file name)."""
+        check_stage_names(files)
+        path = await self.make_private_dir(prefix, parent=parent)
+        try:
+            for name, data in files.items():
+                await self.write_bytes(f"{path}/{name}", data, make_parents=False, mode=mode)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.remove_tree(path)
+            raise
+        return path
+
     @abc.abstractmethod
     async def remove_tree(self, path: str) -> None:
         """Remove a directory and everything in it; a missing path is not an error."""
@@ -188,13 +226,17 @@ class Runtime(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> ExecStream:
         """Start ``argv`` with its stdin and stdout attached to the returned stream.
 
         ``env`` adds to (does not replace) the environment's own variables; ``stage`` is
-        as for :meth:`spawn`. Closing the stream ends the process's stdin and stops the
-        client side; the process itself is expected to exit on end of input (the relay
-        does).
+        as for :meth:`spawn`; ``files`` (by name, mode 0600) are written into the
+        existing directory ``stage`` first, replacing what had their names (a backend
+        where each operation is a round trip does it in the same one; if it fails, the
+        stream ends with the reason in its ``stderr_tail``). Closing the stream ends
+        the process's stdin and stops the client side; the process itself is expected
+        to exit on end of input (the relay does).
         """
 
     @abc.abstractmethod

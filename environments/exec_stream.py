@@ -37,6 +37,7 @@ from hermes_sandbox.environments.base import (
     FileStat,
     Runtime,
     SandboxProcess,
+    check_stage_names,
 )
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import BackendError, EnvironmentFailure, SpawnNotAvailable
@@ -53,8 +54,30 @@ HELPER_PROGRAM = "_exec_helper.py"
 HELPER_SOURCE = program_source("_proctree.py") + "\n" + program_source(HELPER_PROGRAM)
 
 
+def _bundle(files: Mapping[str, bytes], mode: int = 0o600) -> bytes:
+    """Files as the helper's ``stage`` and ``put`` read them: per file a line ``NAME
+    MODE SIZE`` (the name hex-encoded, the mode octal), then its bytes."""
+    check_stage_names(files)
+    bundle = bytearray()
+    for name, data in files.items():
+        hexed = name.encode("utf-8", "surrogateescape").hex()
+        bundle += f"{hexed} {mode:o} {len(data)}\n".encode() + data
+    return bytes(bundle)
+
+
 def unhex(text: str) -> str:
     return bytes.fromhex(text).decode("utf-8", "surrogateescape")
+
+
+def helper_failure_text(stderr: bytes) -> str:
+    """What a stream's stderr says, the helper's failure lines made readable."""
+    lines = []
+    for line in stderr.decode("utf-8", "replace").strip().splitlines():
+        if line.startswith(HELPER_ERROR):
+            name, message, filename = (unhex(f) for f in line[len(HELPER_ERROR) :].split("\t"))
+            line = f"{message}: {filename} ({name})" if filename else f"{message} ({name})"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def raise_helper_failure(
@@ -211,9 +234,35 @@ class ExecStreamEnvironment(Environment, Runtime):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> ExecStream:
         # ``stage`` is the relay's to remove: it does when its input ends.
-        return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True)
+        argv, bundle = self._put_first(argv, stage, files)
+        stream = await self._open_exec(argv, env=env, cwd=cwd, stdin=True)
+        if bundle:
+            await self._send_bundle(stream, bundle)
+        return stream
+
+    def _put_first(
+        self, argv: Sequence[str], stage: str | None, files: Mapping[str, bytes] | None
+    ) -> tuple[list[str], bytes]:
+        """``argv`` run by the helper's ``put``, which first writes ``files`` into
+        ``stage`` from the start of its stdin (the bundle to send); as is without files."""
+        if not files:
+            return list(argv), b""
+        if stage is None:
+            raise ValueError("files to write before a program need its stage")
+        bundle = _bundle(files)
+        put = [self.python, "-c", HELPER_SOURCE, "put", stage, str(len(bundle))]
+        return [*put, *argv], bundle
+
+    async def _send_bundle(self, stream: ExecStream, bundle: bytes) -> None:
+        try:
+            await stream.send(bundle)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            raise
 
     async def spawn(
         self,
@@ -345,6 +394,24 @@ class ExecStreamEnvironment(Environment, Runtime):
 
     async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
         answer = await self._helper("mkdtemp", prefix, parent or self.scratch_parent)
+        return self._made_dir(answer)
+
+    async def make_stage(
+        self,
+        prefix: str,
+        files: Mapping[str, bytes],
+        *,
+        parent: str | None = None,
+        mode: int = 0o600,
+    ) -> str:
+        """The directory and its files in one exec: the helper's ``stage``."""
+        answer = await self._helper(
+            "stage", prefix, parent or self.scratch_parent, data=_bundle(files, mode)
+        )
+        return self._made_dir(answer)
+
+    def _made_dir(self, answer: bytes) -> str:
+        """The directory the helper made (``mkdtemp``, ``stage``); learns the home."""
         made, home = answer.decode().split("\t")
         self._home = unhex(home) or None
         return unhex(made)
@@ -358,6 +425,7 @@ __all__ = [
     "HELPER_PROGRAM",
     "HELPER_SOURCE",
     "ExecStreamEnvironment",
+    "helper_failure_text",
     "raise_helper_failure",
     "unhex",
 ]

@@ -277,7 +277,13 @@ class LocalEnvironment(Environment, Runtime):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> LocalExecStream:
+        if files:
+            if stage is None:
+                raise ValueError("files to write before a program need its stage")
+            for name, data in files.items():
+                await self.write_bytes(os.path.join(stage, name), data, mode=0o600)
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
             handle = await self._open(

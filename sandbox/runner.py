@@ -355,8 +355,14 @@ class Stage:
     base_env: Mapping[str, str]
 
 
-async def open_stage(runtime: Runtime, plan: Plan, base_env: Mapping[str, str]) -> Stage:
-    """Choose the transport for ``runtime``, make the stage and write the stub files.
+async def open_stage(
+    runtime: Runtime,
+    plan: Plan,
+    base_env: Mapping[str, str],
+    script: StagedScript | None = None,
+) -> Stage:
+    """Choose the transport for ``runtime``, make the stage and write the stub files,
+    and ``script``'s files with them (a one-shot run stages everything at once).
     Raises RunError (a transport that cannot work there) and BackendError."""
     try:
         transport = choose_transport(plan.options.transport, runtime)
@@ -364,17 +370,12 @@ async def open_stage(runtime: Runtime, plan: Plan, base_env: Mapping[str, str]) 
         raise RunError(str(exc)) from None
     log.info("tool calls take the %s transport", transport)
     parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
-    path = await runtime.make_private_dir("hermes-sandbox-", parent=parent)
-    files = dict(plan.files)
+    files = {name: text.encode() for name, text in plan.files.items()}
     if needs_relay(transport, runtime):
-        files[RELAY_MODULE] = relay_source()
-    try:
-        for name, text in files.items():
-            await runtime.write_bytes(posixpath.join(path, name), text.encode(), mode=0o600)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await remove_stage(runtime, path)
-        raise
+        files[RELAY_MODULE] = relay_source().encode()
+    if script is not None:
+        files.update(script.files)
+    path = await runtime.make_stage("hermes-sandbox-", files, parent=parent)
     return Stage(runtime, transport, path, dict(base_env))
 
 
@@ -437,35 +438,50 @@ def _siblings(script_path: str, code: str, reserved: set[str]) -> dict[str, byte
     return found
 
 
-async def _write_script(
-    stage: Stage, code: str, files: Sequence[str], options: RunOptions
-) -> tuple[list[str], str | None]:
-    """Write the run's script into the stage, under its own name with the modules beside
-    it that it imports (``files``: the names the stage holds already), unless it runs in
-    place; and its stdin. The script's command line after the interpreter, and the
-    stdin file (None: /dev/null)."""
-    runtime = stage.runtime
-    stdin_path = None
+@dataclass(frozen=True, slots=True)
+class StagedScript:
+    """A run's own files in the stage: the script under ``name`` (None: its own file
+    runs in place) with the modules beside it that it imports, and its stdin (if
+    ``stdin``), each by file name in ``files``."""
+
+    files: Mapping[str, bytes]
+    name: str | None
+    stdin: bool
+
+    def argv(self, stage: str, options: RunOptions) -> tuple[list[str], str | None]:
+        """The script's command line after the interpreter, and its stdin file (None:
+        /dev/null), with the stage at ``stage``."""
+        stdin_path = posixpath.join(stage, STDIN_NAME) if self.stdin else None
+        if self.name is None:
+            assert options.script_path is not None
+            return [options.script_path, *options.argv], stdin_path
+        return [posixpath.join(stage, self.name), *options.argv], stdin_path
+
+
+def _script_files(
+    runtime: Runtime, code: str, stub_names: Sequence[str], options: RunOptions
+) -> StagedScript:
+    """What the run stages of its own beside ``stub_names`` (the names the stage holds
+    already): its stdin, and its script with the modules beside it that it imports,
+    unless the script runs in place."""
+    files: dict[str, bytes] = {}
     if options.stdin is not None:
-        stdin_path = posixpath.join(stage.path, STDIN_NAME)
-        await runtime.write_bytes(stdin_path, options.stdin, mode=0o600)
+        files[STDIN_NAME] = options.stdin
+    stdin = options.stdin is not None
     if _runs_in_place(runtime, options):
-        assert options.script_path is not None
-        return [options.script_path, *options.argv], stdin_path
-    reserved = {*files, STDIN_NAME}
+        return StagedScript(files, None, stdin)
+    reserved = {*stub_names, STDIN_NAME}
     name = SCRIPT_NAME
     if options.script_path is not None:
         name = os.path.basename(options.script_path)
         if name in reserved or not name:
             name = SCRIPT_NAME
         siblings = _siblings(options.script_path, code, {*reserved, name})
-        for sibling, data in siblings.items():
-            await runtime.write_bytes(posixpath.join(stage.path, sibling), data, mode=0o600)
+        files.update(siblings)
         if siblings:
-            log.info("copied the modules beside the script: %s", ", ".join(sorted(siblings)))
-    path = posixpath.join(stage.path, name)
-    await runtime.write_bytes(path, code.encode("utf-8"), mode=0o600)
-    return [path, *options.argv], stdin_path
+            log.info("copying the modules beside the script: %s", ", ".join(sorted(siblings)))
+    files[name] = code.encode("utf-8")
+    return StagedScript(files, name, stdin)
 
 
 def _runs_in_place(runtime: Runtime, options: RunOptions) -> bool:
@@ -520,11 +536,13 @@ def launch_script(
     extra_env: Mapping[str, str] | None = None,
     *,
     stdin_path: str | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> tuple[RPCServer, AbstractAsyncContextManager[Any]]:
     """The launch of ``argv`` in ``stage`` over the stage's transport, with a server of
     its own (a fresh token) answering its calls with ``handler``: entering the launch
     starts the program and serves it, and yields the running process; leaving it ends
-    both. The program's stdin reads ``stdin_path`` (a file in the stage), else nothing."""
+    both. The program's stdin reads ``stdin_path`` (a file in the stage), else nothing;
+    ``files`` are written into the stage (by name) before it starts."""
     token = secrets.token_urlsafe(32)
     server = RPCServer(handler, token=token, max_frame_size=options.max_frame_size)
     pythonpath = stage.base_env.get("PYTHONPATH")
@@ -535,7 +553,14 @@ def launch_script(
         "HERMES_RPC_MAX_FRAME": str(options.max_frame_size),
         "PYTHONPATH": stage.path + (os.pathsep + pythonpath if pythonpath else ""),
     }
-    script = Script(stage=stage.path, argv=argv, env=child_env, cwd=cwd, stdin_path=stdin_path)
+    script = Script(
+        stage=stage.path,
+        argv=argv,
+        env=child_env,
+        cwd=cwd,
+        stdin_path=stdin_path,
+        files=dict(files or {}),
+    )
     return server, TRANSPORTS[stage.transport](stage.runtime, server, script)
 
 
@@ -549,10 +574,12 @@ async def run_in_stage(
     on_stdout: OutputCallback | None = None,
     on_stderr: OutputCallback | None = None,
     started: float | None = None,
+    staged: StagedScript | None = None,
 ) -> ExecutionResult:
     """Run ``code`` in ``stage`` under ``options`` (default: the plan's) and return its
     result; the environment and the stage stay as they are. ``started`` is when the
-    caller's clock for the result's duration began (default: now)."""
+    caller's clock for the result's duration began (default: now); ``staged`` is the
+    script's files when :func:`open_stage` wrote them already."""
     started = time.monotonic() if started is None else started
     options = options or plan.options
     if not isinstance(code, str):
@@ -570,14 +597,18 @@ async def run_in_stage(
     lost: str | None = None  # why the sandbox went away mid-run, if it did
     cwd = options.cwd or runtime.default_cwd
     try:
-        clock = time.monotonic()
-        script_argv, stdin_path = await _write_script(
-            stage, code, [*plan.files, RELAY_MODULE], options
-        )
-        log.info("staged the script in %s in %.2fs", stage.path, _since(clock))
+        script = staged or _script_files(runtime, code, _stub_names(plan), options)
+        script_argv, stdin_path = script.argv(stage.path, options)
         gate = ToolGate(plan.registry, plan.tools, budget, tool_context(stage, options, cwd))
+        # Files not staged yet go with the launch (over the relay: in its own exec).
         server, launch = launch_script(
-            stage, gate, [runtime.python, *script_argv], cwd, options, stdin_path=stdin_path
+            stage,
+            gate,
+            [runtime.python, *script_argv],
+            cwd,
+            options,
+            stdin_path=stdin_path,
+            files={} if staged else script.files,
         )
         log.info("running %s in %s", shlex.join([runtime.python, *script_argv]), cwd)
         clock = time.monotonic()
@@ -615,6 +646,10 @@ async def run_in_stage(
         if _runs_in_place(runtime, options)
         else _modules_beside(options.script_path),
     )
+
+
+def _stub_names(plan: Plan) -> list[str]:
+    return [*plan.files, RELAY_MODULE]
 
 
 def _since(clock: float) -> float:
@@ -659,7 +694,9 @@ async def run_code(
         clock = time.monotonic()
         runtime = await environment.start()
         log.info("the %s backend started in %.2fs", plan.options.backend_name, _since(clock))
-        stage = await open_stage(runtime, plan, base_env)
+        # The script goes into the stage with the stub files: one step, not two.
+        script = _script_files(runtime, code, _stub_names(plan), plan.options)
+        stage = await open_stage(runtime, plan, base_env, script)
         cleanup_problem: str | None = None
         try:
             result = await run_in_stage(
@@ -670,10 +707,12 @@ async def run_code(
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
                 started=started,
+                staged=script,
             )
         finally:
-            with anyio.CancelScope(shield=True):
-                cleanup_problem = await remove_stage(runtime, stage.path)
+            if not runtime.discards_on_close:  # else it goes with the environment
+                with anyio.CancelScope(shield=True):
+                    cleanup_problem = await remove_stage(runtime, stage.path)
     finally:
         with anyio.CancelScope(shield=True):
             await environment.aclose()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermes_sandbox.environments import Runtime
+from hermes_sandbox.environments.exec_stream import helper_failure_text
 from hermes_sandbox.errors import TransportUnavailable
 from hermes_sandbox.rpc import RPCServer, serve_unix_socket
 from hermes_sandbox.rpc.files import serve_files
@@ -52,6 +53,9 @@ class Script:
     env: Mapping[str, str]
     cwd: str | None
     stdin_path: str | None = None
+    # Files (by name) to write into the stage before it starts: the run's script, in
+    # the same exec as the relay where the relay starts it.
+    files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
 
     def with_env(self, **extra: str) -> Script:
         return dataclasses.replace(self, env={**self.env, **extra})
@@ -80,6 +84,7 @@ async def _under_relay(
         env={"PYTHONPATH": script.stage, "PYTHONDONTWRITEBYTECODE": "1"},
         cwd=script.cwd,
         stage=script.stage,
+        files=script.files,
     )
     failure: TransportUnavailable | None = None
     async with RelaySession(
@@ -94,7 +99,7 @@ async def _under_relay(
                 stdin_path=script.stdin_path,
             )
         except RelayError as exc:
-            details = channel.stderr_tail.decode("utf-8", "replace").strip()
+            details = helper_failure_text(channel.stderr_tail)
             failure = TransportUnavailable(
                 f"the relay could not start the script: {exc}"
                 + (f"\n{details[-2000:]}" if details else "")
@@ -110,6 +115,8 @@ async def _started(environment: Runtime, server: RPCServer, script: Script) -> A
     """The script, started natively where the environment can, else by the relay
     (which then only starts and watches it: the calls take the other way)."""
     if environment.can_spawn:
+        for name, data in script.files.items():
+            await environment.write_bytes(posixpath.join(script.stage, name), data, mode=0o600)
         process = await environment.spawn(
             script.argv,
             env=script.env,

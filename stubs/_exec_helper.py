@@ -16,10 +16,15 @@ this process as a child subreaper: what it leaves running is killed when it exit
 process with the marker, and their sessions: for the Modal backend's own execs),
 ``stat PATH``, ``read PATH MAX``, ``write PATH PARENTS
 MODE`` (data on stdin), ``mkdtemp PREFIX PARENT`` (prints the new directory and the
-user's home), ``rmtree PATH``.
+user's home), ``stage PREFIX PARENT`` (``mkdtemp``, then the files of the bundle on
+stdin written into the new directory: per file a line ``NAME MODE SIZE``, the name
+hex-encoded and the mode octal, then SIZE bytes), ``put DIRECTORY SIZE ARGV...`` (the
+files of the bundle of SIZE bytes at the start of stdin written into DIRECTORY, then
+ARGV run in this process, its stdin the rest), ``rmtree PATH``.
 """
 
 import errno
+import io
 import os
 import signal
 import stat
@@ -197,6 +202,73 @@ def make_private_dir(prefix, parent):
             continue
 
 
+def read_exactly(stream, size):
+    data = stream.read(size)
+    if len(data) != size:
+        raise OSError(errno.EPIPE, "the bundle ended early")
+    return data
+
+
+def read_fd_exactly(fd, size):
+    """``size`` bytes of ``fd``, unbuffered: what follows is another program's input."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise OSError(errno.EPIPE, "the bundle ended early")
+        data += chunk
+    return bytes(data)
+
+
+def write_bundle(directory, bundle):
+    """Write the bundle's files (a readable binary stream) into ``directory``: each
+    made anew under a fresh name, then renamed over its own (a name that is a symlink
+    is replaced, never followed)."""
+    while True:
+        header = bundle.readline()
+        if not header:
+            return
+        name, mode, size = header.split()
+        name = bytes.fromhex(name.decode()).decode("utf-8", "surrogateescape")
+        if "/" in name or name in ("", ".", ".."):
+            raise OSError(errno.EINVAL, "not a file name", name)
+        data = read_exactly(bundle, int(size))
+        path = os.path.join(directory, name)
+        fresh = os.path.join(directory, ".new-" + os.urandom(8).hex())
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(fresh, flags, int(mode, 8))
+        try:
+            os.fchmod(fd, int(mode, 8))  # not narrowed by the umask
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(fresh, path)
+        except BaseException:
+            try:
+                os.unlink(fresh)
+            except OSError:
+                pass
+            raise
+
+
+def stage(prefix, parent, bundle):
+    """Make a private directory and write the bundle's files into it; on failure
+    nothing is left."""
+    made = make_private_dir(prefix, parent)
+    try:
+        write_bundle(made, bundle)
+    except BaseException:
+        remove_tree(made)
+        raise
+    return made
+
+
+def put_and_exec(directory, size, argv):
+    """Write the bundle of ``size`` bytes at the start of stdin into ``directory``, then
+    become ``argv``, whose stdin is the rest."""
+    write_bundle(directory, io.BytesIO(read_fd_exactly(0, size)))
+    os.execvp(argv[0], argv)
+
+
 def main(verb, args):
     if verb == "run":
         return run(args[0], float(args[1]), args[2], args[3])
@@ -233,8 +305,13 @@ def main(verb, args):
                 f.write(data)
             if mode:
                 os.chmod(path, int(mode, 8))
-        elif verb == "mkdtemp":
-            made = make_private_dir(args[0], args[1])
+        elif verb == "put":
+            put_and_exec(args[0], int(args[1]), args[2:])
+        elif verb in ("mkdtemp", "stage"):
+            if verb == "stage":
+                made = stage(args[0], args[1], sys.stdin.buffer)
+            else:
+                made = make_private_dir(args[0], args[1])
             out.write((hexed(made) + "\t" + hexed(os.path.expanduser("~"))).encode())
         elif verb == "rmtree":
             remove_tree(args[0])

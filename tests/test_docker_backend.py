@@ -1027,17 +1027,19 @@ def test_a_container_that_dies_mid_run(engine: Any, transport: str) -> None:
     away, and nothing of it is left (the container, its shared directory)."""
     case = f"dies-{uuid.uuid4().hex[:8]}"
     found: dict[str, Any] = {}
+    script_started = threading.Event()  # it printed: staged and running (not a guess)
+
+    def on_stdout(line: str) -> None:
+        if line.startswith("started"):
+            script_started.set()
 
     def remove_when_running() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            entries = engine.api.containers(filters={"label": [f"case={case}"]})
-            if entries:
-                found.update(entries[0])
-                time.sleep(3)  # staged and started by now
-                engine.api.remove_container(entries[0]["Id"], force=True)
-                return
-            time.sleep(0.05)
+        if not script_started.wait(60):
+            return
+        entries = engine.api.containers(filters={"label": [f"case={case}"]})
+        if entries:
+            found.update(entries[0])
+            engine.api.remove_container(entries[0]["Id"], force=True)
 
     remover = threading.Thread(target=remove_when_running)
     remover.start()
@@ -1048,6 +1050,7 @@ def test_a_container_that_dies_mid_run(engine: Any, transport: str) -> None:
             backend_options={"labels": {TEST_LABEL: RUN_ID, "case": case}},
             transport=transport,
             timeout=90,
+            on_stdout=on_stdout,
         )
     finally:
         remover.join()

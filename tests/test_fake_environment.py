@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import anyio
 import psutil
@@ -101,3 +102,74 @@ async def test_the_lifecycle_errors_come_from_the_seam():
         await env.read_bytes("/etc/hostname")
     with pytest.raises(Exception, match="this fake environment was closed; make a new one"):
         await env.start()
+
+
+@pytest.mark.anyio
+async def test_make_stage_writes_every_file_in_one_exec():
+    async with FakeEnvironment(FakeSettings()) as env:
+        before = len(env.execs)
+        files = {"a.py": b"print(1)\n", "odd name \xe9.txt": b"\0" * 70000, "empty": b""}
+        stage = await env.make_stage("hermes-test-", files)
+        assert len(env.execs) == before + 1
+        assert os.path.basename(stage).startswith("hermes-test-")
+        assert os.stat(stage).st_mode & 0o777 == 0o700
+        assert sorted(os.listdir(stage)) == sorted(files)
+        for name, data in files.items():
+            path = anyio.Path(stage, name)
+            assert (await path.stat()).st_mode & 0o777 == 0o600
+            assert await path.read_bytes() == data
+        assert env.home is not None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["../escaped", "sub/file", "..", "."])
+async def test_make_stage_refuses_a_name_that_leaves_the_directory(name):
+    async with FakeEnvironment(FakeSettings()) as env:
+        assert env.root is not None
+        with pytest.raises(OSError) as caught:
+            await env.make_stage("hermes-test-", {"first.txt": b"x", name: b"y"})
+        assert not isinstance(caught.value, FileNotFoundError)
+        # nothing is left: no stage, nothing written beside it
+        assert [e for e in os.listdir(env.root) if e.startswith("hermes-test-")] == []
+        assert not await anyio.Path(env.root, "escaped").exists()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["../escaped", "sub/file", ".."])
+async def test_the_helper_refuses_a_bundle_name_that_leaves_the_directory(name):
+    # Past the host's own check: the helper inside the sandbox checks again.
+    async with FakeEnvironment(FakeSettings()) as env:
+        assert env.root is not None
+        bundle = (
+            b"%s 600 1\nx" % b"first".hex().encode() + b"%s 600 1\ny" % name.encode().hex().encode()
+        )
+        with pytest.raises(OSError, match="not a file name"):
+            await env._helper("stage", "hermes-test-", env.root, data=bundle)
+        assert [e for e in os.listdir(env.root) if e.startswith("hermes-test-")] == []
+        assert not await anyio.Path(env.root, "escaped").exists()
+
+
+@pytest.mark.anyio
+async def test_files_go_in_with_the_program_and_never_through_a_planted_symlink(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept")
+    async with FakeEnvironment(FakeSettings()) as env:
+        stage = await env.make_stage("hermes-test-", {})
+        await anyio.Path(stage, "script.py").symlink_to(outside)  # planted by a script
+        before = len(env.execs)
+        reader = "import sys; print(open(sys.argv[1]).read()); print(sys.stdin.read())"
+        stream = await env.open_exec_stream(
+            [sys.executable, "-c", reader, f"{stage}/script.py"],
+            stage=stage,
+            files={"script.py": b"new", "stdin": b"\0" * 100000},
+        )
+        async with stream:
+            await stream.send(b"the rest")
+            await stream.send_eof()
+            output = b"".join([chunk async for chunk in stream])
+            assert await stream.wait() == 0
+        assert len(env.execs) == before + 1
+        assert output == b"new\nthe rest\n"
+        assert outside.read_text() == "kept"
+        assert not await anyio.Path(stage, "script.py").is_symlink()
+        assert await anyio.Path(stage, "stdin").read_bytes() == b"\0" * 100000

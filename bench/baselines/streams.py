@@ -10,6 +10,8 @@ our side adds is what the ratio shows:
   pooled paramiko connection: the stream the ssh relay rides on.
 - :func:`docker_run`: ``docker run --rm IMAGE python3 -c 1`` through the engine's API
   (create, start, wait, remove), as our one-shot docker run pays for a container.
+- :func:`docker_exec`: ``docker exec CONTAINER python3 -c 1`` through the engine's API
+  in a warm session's running container, as a run in a warm container pays for an exec.
 - :func:`ssh_exec`: ``python3 -c 1`` on a fresh channel of a pooled connection.
 
 Every function raises :class:`bench.subject.NotAvailable` when its service does not
@@ -138,6 +140,40 @@ def docker_run(runs: int) -> dict[str, Any]:
     return {"ms": times[1:], "argv": ["docker", "run", "--rm", image, python, "-c", "1"]}
 
 
+def docker_exec(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """One round: ``runs`` times ``python3 -c 1`` by exec in the container of a warm
+    docker :class:`Session` (made as ``warm.docker``'s is), each timed from creating the
+    exec to its exit code (create, start, output to its end, inspect)."""
+    from hermes_sandbox import RunError, Session
+    from hermes_sandbox.environments import BackendError
+
+    client = _docker_client()
+    try:
+        session = Session(tools=(), **run_options)
+        session.start()
+    except (RunError, BackendError) as exc:
+        client.close()
+        raise NotAvailable(str(exc)) from exc
+    times: list[float] = []
+    try:
+        with session:
+            environment: Any = session.environment
+            container_id, python = environment.container_id, environment.python
+            for _ in range(runs + 1):  # the first, untimed, warms the engine's caches
+                t0 = time.perf_counter()
+                exec_id = client.api.exec_create(
+                    container_id, [python, "-c", "1"], stdout=True, stderr=True
+                )["Id"]
+                client.api.exec_start(exec_id)
+                code = client.api.exec_inspect(exec_id)["ExitCode"]
+                times.append((time.perf_counter() - t0) * 1000)
+                if code != 0:
+                    raise RuntimeError(f"{python} -c 1 exited with {code} in the container")
+    finally:
+        client.close()
+    return {"ms": times[1:], "argv": ["docker", "exec", "CONTAINER", python, "-c", "1"]}
+
+
 # -- ssh ---------------------------------------------------------------------------------
 
 
@@ -205,4 +241,4 @@ def ssh_exec(backend_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
     return {"ms": times[1:], "argv": ["ssh", config.login, python, "-c", "1"]}
 
 
-__all__ = ["docker_exec_echo", "docker_run", "ssh_channel_echo", "ssh_exec"]
+__all__ = ["docker_exec", "docker_exec_echo", "docker_run", "ssh_channel_echo", "ssh_exec"]

@@ -213,10 +213,7 @@ async def reap_orphaned_containers(docker_host: str | None = None) -> list[str]:
     """
     host = docker_host if docker_host is not None else (os.environ.get("DOCKER_HOST") or None)
     client = await _connect(host)
-    try:
-        return await _call(f"reaping at {shown_address(host)}", _reap, client, engine_address(host))
-    finally:
-        await anyio.to_thread.run_sync(client.close)
+    return await _call(f"reaping at {shown_address(host)}", _reap, client, engine_address(host))
 
 
 # -- talking to the engine -------------------------------------------------------------
@@ -250,21 +247,50 @@ async def _call(doing: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> 
         raise EnvironmentFailure(f"{doing}: lost the container engine: {exc}") from exc
 
 
+# One client per engine per process: a new client asks the engine its API version
+# first (GET /version), which podman answers in most of a second. Keyed by what
+# docker.from_env reads; a forked child makes its own (the pid is in the key).
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+_CLIENT_VARS = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
+
+
+def _client_key(environment: Mapping[str, str]) -> tuple[Any, ...]:
+    return (os.getpid(), *(environment.get(name) for name in _CLIENT_VARS))
+
+
 async def _connect(host: str | None) -> Any:
-    """A client that has had an answer from the engine; BackendNotAvailable otherwise."""
+    """The process's client for the engine at ``host``, which has had an answer from
+    the engine; BackendNotAvailable otherwise. Shared: never close it (see
+    :func:`_forget_client` for one that broke)."""
     _require_sdk()
     effective = host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_SOCKET
+    environment = dict(os.environ)
+    if host:
+        environment["DOCKER_HOST"] = host
+    key = _client_key(environment)
 
     def connect() -> Any:
         if effective.startswith("unix://"):
             probe_unix_socket(effective[len("unix://") :])
+        with _CLIENTS_LOCK:
+            client = _CLIENTS.get(key)
+        if client is not None:
+            try:
+                client.ping()  # the engine may have gone since
+                return client
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                _forget_client(client)
         # from_env also reads DOCKER_TLS_VERIFY and DOCKER_CERT_PATH; asking the
         # engine's API version (version=None) is the first request, so it either
         # answers here or this raises.
-        environment = dict(os.environ)
-        if host:
-            environment["DOCKER_HOST"] = host
-        return docker.from_env(environment=environment)
+        client = docker.from_env(environment=environment)
+        with _CLIENTS_LOCK:
+            _CLIENTS.setdefault(key, client)
+            kept = _CLIENTS[key]
+        if kept is not client:  # another thread connected first
+            client.close()
+        return kept
 
     try:
         return await anyio.to_thread.run_sync(connect)
@@ -280,6 +306,15 @@ async def _connect(host: str | None) -> Any:
             "Start Docker, or run scripts/podman-service (podman serving the Docker API) and "
             "export the DOCKER_HOST it prints; or set DockerSettings.docker_host."
         ) from exc
+
+
+def _forget_client(client: Any) -> None:
+    """Drop a shared client that no longer reaches its engine, and close it."""
+    with _CLIENTS_LOCK:
+        for key, kept in list(_CLIENTS.items()):
+            if kept is client:
+                del _CLIENTS[key]
+    client.close()
 
 
 def _exec_socket_stream(raw: Any) -> tuple[Any, bytes]:

@@ -101,6 +101,10 @@ log = logging.getLogger(__name__)
 progress = logging.getLogger(PROGRESS_LOGGER)
 PULL_REPORT_SECONDS = 5.0  # how often a pull's download progress is reported
 
+# The options of _create_options that belong to the container's process, not to its
+# host config (the low-level create takes them apart).
+_PROCESS_OPTIONS = ("working_dir", "user")
+
 JANITOR_PATH = str(resources.files(__package__).joinpath("janitor.py"))
 
 
@@ -147,6 +151,17 @@ class DockerEnvironment(ExecStreamEnvironment):
     def shared_directory(self) -> str | None:
         return self._labels.get(LABEL_SHARED) or None
 
+    @property
+    def discards_on_close(self) -> bool:
+        """True while closing removes the container (no one else in this process uses
+        it, it is not persistent) and a shared directory is only one made for it."""
+        if self.container_id is None or self.settings.persist:
+            return False
+        if self._labels.get(LABEL_SHARED) and not _made_shared_dir(self._labels):
+            return False  # the caller's own directory stays
+        with _SHARED_LOCK:
+            return _SHARED.get(self.container_id, 1) <= 1
+
     def _engine_is_local(self) -> bool:
         return engine_address(self.settings.docker_host).startswith("unix://")
 
@@ -170,9 +185,7 @@ class DockerEnvironment(ExecStreamEnvironment):
             image_id = await self._image_id()
             await self._attach(image_id)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._client.close)
-            self._client = None
+            self._client = None  # the process's shared client: not closed
             raise
 
     async def _image_id(self) -> str:
@@ -276,27 +289,37 @@ class DockerEnvironment(ExecStreamEnvironment):
         name = f"hermes-sandbox-{_slug(self.task_id)}-{secrets.token_hex(3)}"
         client, options = self._client, self._create_options(labels.get(LABEL_SHARED))
 
-        def create_and_start() -> Any:
-            container = client.containers.create(
-                config.image, ["sleep", "infinity"], name=name, labels=labels, **options
+        def create_and_start() -> str:
+            # The low-level calls: the high-level create inspects what it made.
+            process = {k: options.pop(k) for k in _PROCESS_OPTIONS if k in options}
+            created = client.api.create_container(
+                config.image,
+                ["sleep", "infinity"],
+                name=name,
+                labels=labels,
+                host_config=client.api.create_host_config(**options),
+                **process,
             )
+            container_id = str(created["Id"])
             try:
-                container.start()
+                client.api.start(container_id)
             except BaseException:  # a container that never ran is no use to anyone
                 try:
-                    container.remove(force=True, v=True)
+                    client.api.remove_container(container_id, force=True, v=True)
                 except docker.errors.APIError:
                     pass
                 raise
-            return container
+            return container_id
 
         try:
-            container = await _call(f"starting a container from {config.image!r}", create_and_start)
+            container_id = await _call(
+                f"starting a container from {config.image!r}", create_and_start
+            )
         except BaseException:
             _remove_shared_dir(labels)
             raise
         self._labels = labels
-        self.container_id = str(container.id)
+        self.container_id = container_id
         self.container_name = name
         with _SHARED_LOCK:
             _SHARED[self.container_id] = 1
@@ -421,7 +444,6 @@ class DockerEnvironment(ExecStreamEnvironment):
                 await anyio.to_thread.run_sync(_remove_shared_dir, self._labels)
         finally:
             await self._dismiss_janitor(done=True)
-            await anyio.to_thread.run_sync(client.close)
 
     def _release_share(self, container_id: str) -> bool:
         """Drop this environment's use of the container; True if it should go now."""
@@ -442,14 +464,18 @@ class DockerEnvironment(ExecStreamEnvironment):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> DockerExecStream:
-        """Start ``argv`` in the container with stdin and stdout as one stream.
+        """Start ``argv`` in the container with stdin and stdout as one stream (after
+        writing ``files`` into ``stage`` in the same exec).
 
         A ``cwd`` that does not exist, or an ``argv[0]`` not found, is reported the way
         the engine reports it: exit code 126/127 from :meth:`DockerExecStream.wait` and
         the engine's message in ``stderr_tail``.
         """
-        return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True)
+        stream = await super().open_exec_stream(argv, env=env, cwd=cwd, stage=stage, files=files)
+        assert isinstance(stream, DockerExecStream)
+        return stream
 
     async def _open_exec(
         self,

@@ -460,11 +460,16 @@ class ModalEnvironment(ExecStreamEnvironment):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stage: str | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> ModalExecStream:
         """Start ``argv`` in the sandbox, stdin and stdout as the stream (the relay's
-        channel). If its output ends because the sandbox stopped, the stream's
-        stderr_tail says so."""
-        return await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True, diagnose=True)
+        channel), after writing ``files`` into ``stage`` in the same exec. If its output
+        ends because the sandbox stopped, the stream's stderr_tail says so."""
+        argv, bundle = self._put_first(argv, stage, files)
+        stream = await self._open_exec(argv, env=env, cwd=cwd, stdin=True, diagnose=True)
+        if bundle:
+            await self._send_bundle(stream, bundle)
+        return stream
 
     async def _kill_exec(self, token: str) -> None:
         """Kill, inside the sandbox, an exec that did not end when its stream closed
