@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
-    from _proctree import become_subreaper, die_with_parent, has_children, kill_tree, reap
+    from _proctree import become_subreaper, die_with_parent, kill_tree, reap
 
 
 def _parse(args):
@@ -47,7 +47,6 @@ class Supervisor(object):
         self.remove = remove
         self.child = None
         self.status = None
-        self.subreaper = False
         self.runner_gone = False
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
@@ -73,7 +72,7 @@ class Supervisor(object):
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the runner's
         signal.set_wakeup_fd(self.wake_w)
-        self.subreaper = become_subreaper()
+        become_subreaper()
         die_with_parent(signal.SIGHUP)
         if self.parent is not None and os.getppid() != self.parent:
             self.runner_gone = True  # it died before the parent-death signal was set
@@ -115,11 +114,8 @@ class Supervisor(object):
     def finish(self):
         """Kill everything below; remove the stage if the runner is gone; return the
         child's exit status as a wait status (None: it did not exit by itself)."""
+        kill_tree(os.getpid(), 0, reap_children=True)
         self.reap()
-        # A subreaper with no child has nothing below it (it inherits every orphan).
-        if not self.subreaper or has_children():
-            kill_tree(os.getpid(), 0, reap_children=True)
-            self.reap()
         if self.runner_gone and self.remove:
             shutil.rmtree(self.remove, ignore_errors=True)
         return self.status

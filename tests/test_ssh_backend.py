@@ -1120,3 +1120,80 @@ def test_service_script_starts_a_second_server_reuses_it_and_stops_it(sshd: Serv
     finally:
         service("stop")
         shutil.rmtree(state, ignore_errors=True)
+
+
+# -- a cold run's round trips: the probe once per connection -------------------------------
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
+    """Record the positional arguments of every call of SSHEnvironment.<name>."""
+    calls: list[Any] = []
+    original = getattr(SSHEnvironment, name)
+
+    async def counted(self: SSHEnvironment, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SSHEnvironment, name, counted)
+    return calls
+
+
+def test_the_probe_runs_once_per_pooled_connection(
+    server: Server, own_known_hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes = count_calls(monkeypatch, "_run_probe")
+    options = server.options(known_hosts=own_known_hosts)
+    for _ in range(3):
+        result = execute_code("print('ok')", backend="ssh", backend_options=options, timeout=20)
+        assert result.status == "success", result.output
+    assert len(probes) == 1
+    # A new connection (the host may have changed under it) probes again.
+    kill_connection(SSHSettings.from_mapping(options))
+    deadline = time.monotonic() + 5
+    while pool_stats(SSHSettings.from_mapping(options)).open_connections:
+        assert time.monotonic() < deadline, "the killed connection still looks open"
+        time.sleep(0.02)
+    result = execute_code("print('again')", backend="ssh", backend_options=options, timeout=20)
+    assert result.status == "success", result.output
+    assert len(probes) == 2
+
+
+@pytest.mark.anyio
+async def test_a_failed_probe_is_not_remembered(server: Server, own_known_hosts: str) -> None:
+    scratch = shared_tmp(server)
+    workdir = scratch / "later"
+    config = server.config(known_hosts=own_known_hosts, workdir=str(workdir))
+    try:
+        with pytest.raises(BackendNotAvailable, match="does not exist"):
+            await SSHEnvironment(config).start()
+        workdir.mkdir(mode=0o777)
+        workdir.chmod(0o777)
+        async with SSHEnvironment(config) as env:
+            assert env.default_cwd == str(workdir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_the_relay_imports_nothing_from_the_scripts_working_directory(server: Server) -> None:
+    """The relay runs in the script's working directory, which anyone with access to it
+    may fill: modules there named as the relay's imports are never imported."""
+    scratch = shared_tmp(server)
+    names = ["selectors", "socket", "struct", "subprocess", "shutil", "signal", "msgpack"]
+    try:
+        for name in names:
+            (scratch / f"{name}.py").write_text(
+                f"open({str(scratch / ('imported-' + name))!r}, 'w').close()\n"
+                "raise SystemExit('imported from the working directory')\n"
+            )
+        result = execute_code(
+            "print('ran')",
+            backend="ssh",
+            backend_options=server.options(),
+            cwd=str(scratch),
+            timeout=20,
+        )
+        assert result.status == "success", result.output
+        assert result.output.strip() == "ran"
+        assert not list(scratch.glob("imported-*"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -199,6 +199,9 @@ class _Share:
         self.users = 0
         self.connections: list[_Connection] = []
         self.connects = 0  # connections made over the share's life
+        # What the probe found, by (python, workdir), for the connection count it ran
+        # at: a new connection (the host may have been changed or restarted) probes anew.
+        self.probes: dict[tuple[str, str | None], tuple[int, Any]] = {}
         self.timer: threading.Timer | None = None
         self.lock = threading.Lock()  # connects and channel bookkeeping
 
@@ -214,6 +217,16 @@ class _Share:
             self.prune()
             if not self.connections:
                 self._add(config)
+
+    def probed(self, key: tuple[str, str | None]) -> Any:
+        """The probe's result for ``key`` if it ran since the last connection was made."""
+        with self.lock:
+            found = self.probes.get(key)
+            return found[1] if found is not None and found[0] == self.connects else None
+
+    def remember_probe(self, key: tuple[str, str | None], connects: int, result: Any) -> None:
+        with self.lock:
+            self.probes[key] = (connects, result)
 
     def _add(self, config: SSHSettings) -> _Connection:
         conn = _Connection(_connect(config), config.max_sessions)

@@ -108,6 +108,7 @@ class SSHEnvironment(ExecStreamEnvironment):
         self.scratch_parent = self.settings.scratch_dir
         self._share: _Share | None = None
         self._workdir: str | None = self.settings.workdir
+        self._stages: set[str] = set()  # stages made here and not removed yet
 
     @property
     def default_cwd(self) -> str:
@@ -133,6 +134,22 @@ class SSHEnvironment(ExecStreamEnvironment):
             raise
 
     async def _probe(self) -> None:
+        """Learn the remote home and check the remote Python, once per pooled
+        connection for each (python, workdir): later environments on it reuse the
+        answer (a reconnect asks again; a failed answer is not kept)."""
+        share = self._share
+        assert share is not None
+        key = (self.python, self.settings.workdir)
+        lines = share.probed(key)
+        if lines is None:
+            connects = share.connects
+            lines = await self._run_probe()
+            self._check_probe(lines)
+            share.remember_probe(key, connects, lines)
+        else:
+            self._check_probe(lines)
+
+    async def _run_probe(self) -> list[str]:
         login = self.settings.login
         argv = [self.python, "-c", _PROBE, self.settings.workdir or ""]
         stream = await self._open_exec(argv, env=None, cwd=None, stdin=False)
@@ -154,6 +171,10 @@ class SSHEnvironment(ExecStreamEnvironment):
                 + "): install python3 on the host, or set the ssh backend's python setting "
                 "to the path of a Python 3.8+ there"
             )
+        return lines
+
+    def _check_probe(self, lines: list[str]) -> None:
+        login = self.settings.login
         home, version, workdir_state, modules = lines[:4]
         major, minor = (int(part) for part in version.split("."))
         if (major, minor) < MIN_REMOTE_PYTHON:
@@ -173,6 +194,42 @@ class SSHEnvironment(ExecStreamEnvironment):
             )
         self._home = home
         self._workdir = self.settings.workdir or home
+
+    # -- stages: made in one helper exec, removed without a remote Python ------------------
+
+    async def make_stage(
+        self,
+        prefix: str,
+        files: Mapping[str, bytes],
+        *,
+        parent: str | None = None,
+        mode: int = 0o600,
+    ) -> str:
+        path = await super().make_stage(prefix, files, parent=parent, mode=mode)
+        self._stages.add(path)
+        return path
+
+    async def remove_tree(self, path: str) -> None:
+        """A stage made here is removed with ``rm -rf`` (it follows no symlink; no
+        remote Python start), anything else by the helper."""
+        if path in self._stages:
+            self._stages.discard(path)
+            if await self._status(["rm", "-rf", "--", path]) == 0:
+                return
+        await super().remove_tree(path)
+
+    async def _status(self, argv: list[str]) -> int:
+        """The exit status of ``argv``, run with no input, its output ignored."""
+        stream = await self._open_exec(argv, env=None, cwd=None, stdin=False)
+        try:
+            async for _ in stream:
+                pass
+            return await stream.wait()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return 255
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
 
     async def _stop(self) -> None:
         """Give the connection share back (the connection itself stays open for the
