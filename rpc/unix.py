@@ -47,6 +47,7 @@ MAX_SOCKET_PATH = 107
 BACKLOG = 64
 # Threads serving one connection at most: one reading, the others running its calls.
 CONNECTION_THREADS = threads.TOOL_THREADS + 1
+SERVING_THREAD = "hermes-rpc-unix"  # the name of every serving thread
 _RECEIVE_CHUNK = 64 * 1024
 # How long the end of a run waits for a connection's reading threads to see the
 # socket shut (they wake at once; this only bounds a surprise).
@@ -93,7 +94,7 @@ class _ThreadedConnection:
         with self._state:
             self._threads += 1
         thread = threading.Thread(
-            target=self._serve, args=(slot,), name="hermes-rpc-unix", daemon=True
+            target=self._serve, args=(slot,), name=SERVING_THREAD, daemon=True
         )
         try:
             thread.start()
