@@ -227,10 +227,9 @@ class _ThreadedConnection:
     async def _answer_later(self, request: Request) -> None:
         try:
             reply = await self._server.reply_later(request)
-            # The write may block (a peer slow to read): never on the loop.
-            await anyio.to_thread.run_sync(
-                self._send, reply, abandon_on_cancel=True, limiter=threads.tool_limiter()
-            )
+            # The write may block (a peer slow to read): never on the loop. Not abandoned
+            # when cancelled: the socket must outlive it, and shut() wakes it.
+            await anyio.to_thread.run_sync(self._send, reply, limiter=threads.tool_limiter())
         finally:
             self._call_done()
 
@@ -254,15 +253,15 @@ class _ThreadedConnection:
     def shut(self) -> None:
         """End the connection now: every thread blocked on the socket wakes, replies
         still to come are dropped. Any thread or the loop may call it."""
-        with self._state:
-            if self.closed:
+        with self._state:  # never beside the close in _finish_if_done: fds are reused
+            if self.closed or self._finished:
                 return
             self.closed = True
             gone = not self._readers
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if gone:
             self._call_soon(self.readers_gone.set)
 
@@ -282,8 +281,8 @@ class _ThreadedConnection:
             if self._finished or self._threads or self._calls:
                 return
             self._finished = True
+            self._sock.close()
         self._reader.close()
-        self._sock.close()
         self._server.release_connection()
         self._call_soon(self.ended.set)
 
