@@ -280,6 +280,54 @@ def build_cases(settings: Settings) -> list[Case]:
                 kind="baseline",
             )
         )
+    # Issue #12 target 1: the echo registered the plain way (no inline) over the Unix
+    # socket, and 100 KB results, ours and the JSON-lines baseline's, as calls/s.
+    local_unix = {**_backend("local").options(), "transport": "unix"}
+    for callers in s.callers:
+        cases.append(
+            Case(
+                id=f"rtt.unix.local.plain.c{callers}",
+                section="rtt",
+                label="Unix socket / local, plain sync tool",
+                measure=partial(
+                    subject.run_rtt,
+                    local_unix,
+                    s.socket_calls,
+                    callers,
+                    s.socket_warmup,
+                    tool="pecho",
+                ),
+                summarize=stats.summarize_rtt,
+                rounds=s.rounds,
+                params={"transport": "unix", "backend": "local", "callers": callers},
+            )
+        )
+    big = 100 * 1024
+    cases.append(
+        Case(
+            id="rtt.unix.local.100k.c1",
+            section="rtt",
+            label="Unix socket / local, 100 KB results",
+            measure=partial(
+                subject.run_rtt, local_unix, s.socket_calls // 4, 1, 5, tool="blob", size=big
+            ),
+            summarize=stats.summarize_rtt,
+            rounds=s.rounds,
+            params={"transport": "unix", "backend": "local", "callers": 1, "size": big},
+        )
+    )
+    cases.append(
+        Case(
+            id="rtt.baseline.jsonl.100k.c1",
+            section="rtt",
+            label="baseline: JSON lines, 100 KB results",
+            measure=partial(jsonlines.run, s.socket_calls // 4, 1, 5, tool="blob", size=big),
+            summarize=stats.summarize_rtt,
+            rounds=s.rounds,
+            params={"baseline": "jsonl", "callers": 1, "size": big},
+            kind="baseline",
+        )
+    )
     cases.append(
         Case(
             id="rtt.baseline.floor.c1",

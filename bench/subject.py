@@ -2,7 +2,8 @@
 
 Each measurement runs a script with :func:`sandbox.execute_code` (or its async twin)
 against a private :class:`tools.registry.ToolRegistry` holding the benchmark's
-``echo`` and ``blob`` tools. Round-trip scripts time their own calls with
+``echo`` and ``blob`` tools, and ``pecho``, the echo registered the plain way (a sync
+handler, not ``inline``). Round-trip scripts time their own calls with
 :func:`bench.timing.time_calls` (its source is inlined at the top of the script) and
 print the figures as JSON, which the host parses from the result's output.
 """
@@ -30,7 +31,7 @@ from hermes_sandbox import ExecutionResult, RunError, Session, execute_code, exe
 from hermes_sandbox.environments import BackendError
 from hermes_sandbox.tools.registry import ToolRegistry
 
-BENCH_TOOLS = ("echo", "blob")
+BENCH_TOOLS = ("echo", "pecho", "blob")
 MAX_CALLS = 10**9
 RTT_STDOUT_CAP = 64 * 1024 * 1024
 
@@ -53,6 +54,8 @@ def bench_registry() -> ToolRegistry:
     """A private registry with only the benchmark's tools."""
     registry = ToolRegistry()
     registry.register("echo", "bench", ECHO_SCHEMA, echo_tool, inline=True)
+    # The same echo registered as users register tools: a plain sync handler.
+    registry.register("pecho", "bench", {**ECHO_SCHEMA, "name": "pecho"}, echo_tool)
     registry.register("blob", "bench", BLOB_SCHEMA, blob_tool)
     return registry
 

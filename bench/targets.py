@@ -74,6 +74,7 @@ class Target:
 
 
 UNIX_LOCAL_P50 = Figure("rtt.unix.local.c1", "p50_us", " us")
+UNIX_PLAIN_P50 = Figure("rtt.unix.local.plain.c1", "p50_us", " us")
 
 
 def build_targets() -> list[Target]:
@@ -88,10 +89,10 @@ def build_targets() -> list[Target]:
         ),
         Target(
             "unix-1-vs-floor",
-            "Unix socket, 1 caller: p50 within 1.5x of the raw floor",
+            "Unix socket, 1 caller: p50 within 2x of the raw floor",
             UNIX_LOCAL_P50,
             "<=",
-            1.5,
+            2.0,
             Figure("rtt.baseline.floor.c1", "p50_us", " us"),
         ),
         Target(
@@ -101,6 +102,39 @@ def build_targets() -> list[Target]:
             ">=",
             2.0,
             Figure("rtt.baseline.jsonl.c8", "calls_per_s", " calls/s", 0),
+        ),
+        # Issue #12 target 1: the same three, for a tool registered the plain way.
+        Target(
+            "unix-plain-1-vs-jsonl",
+            "Unix socket, plain sync tool, 1 caller: p50 no slower than the JSON-lines baseline",
+            UNIX_PLAIN_P50,
+            "<=",
+            1.0,
+            Figure("rtt.baseline.jsonl.c1", "p50_us", " us"),
+        ),
+        Target(
+            "unix-plain-1-vs-floor",
+            "Unix socket, plain sync tool, 1 caller: p50 within 2x of the raw floor",
+            UNIX_PLAIN_P50,
+            "<=",
+            2.0,
+            Figure("rtt.baseline.floor.c1", "p50_us", " us"),
+        ),
+        Target(
+            "unix-plain-8-vs-jsonl",
+            "Unix socket, plain sync tool, 8 callers: at least 2x the JSON-lines calls/s",
+            Figure("rtt.unix.local.plain.c8", "calls_per_s", " calls/s", 0),
+            ">=",
+            2.0,
+            Figure("rtt.baseline.jsonl.c8", "calls_per_s", " calls/s", 0),
+        ),
+        Target(
+            "unix-100k-vs-jsonl",
+            "Unix socket, 100 KB results: at least 2x the JSON-lines calls/s",
+            Figure("rtt.unix.local.100k.c1", "calls_per_s", " calls/s", 0),
+            ">=",
+            2.0,
+            Figure("rtt.baseline.jsonl.100k.c1", "calls_per_s", " calls/s", 0),
         ),
     ]
     for b in BACKENDS:

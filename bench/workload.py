@@ -53,7 +53,7 @@ BLOB_SCHEMA = {
 def call_spec(tool: str, size: int = 0) -> tuple[dict[str, Any], Any]:
     """The arguments of one call and a cheap check of its answer: for ``echo`` the
     whole answer, for ``blob`` the length of its data."""
-    if tool == "echo":
+    if tool in ("echo", "pecho"):
         return {"msg": ECHO_MESSAGE}, {"msg": ECHO_MESSAGE}
     if tool == "blob":
         return {"size": size}, size

@@ -362,16 +362,13 @@ class FileChannel:
         if isinstance(taken, dict):
             return self._answer(key, taken)
         try:
-            item = self._server.receive(self._body(taken))
+            item = self._server.take(self._body(taken))
         except FrameError as exc:
             return self._answer(key, self._server.framing_refusal(exc))
         if isinstance(item, Request):
-            reply = self._server.reply_now(item)
-            if reply is None:
-                self._in_flight.add(key)
-                tasks.start_soon(self._answer_later, key, item)
-                return None
-            item = reply
+            self._in_flight.add(key)
+            tasks.start_soon(self._answer_later, key, item)
+            return None
         return self._answer(key, item)
 
     async def scan(self, tasks: anyio.abc.TaskGroup) -> tuple[int, bool]:

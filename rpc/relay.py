@@ -159,12 +159,9 @@ class _RelayedConnection:
         try:
             for item in self._reader.feed(data):
                 if isinstance(item, Request):
-                    reply = self._server.reply_now(item)
-                    if reply is None:
-                        self._in_flight += 1
-                        self._tasks.start_soon(self._answer_later, item)
-                        continue
-                    item = reply
+                    self._in_flight += 1
+                    self._tasks.start_soon(self._answer_later, item)
+                    continue
                 self._send(item)
                 if self.closed:
                     return

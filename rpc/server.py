@@ -1,39 +1,42 @@
 """The host side of the protocol: read requests, answer each one exactly once.
 
 :class:`RPCServer` holds what a run's requests are checked against (framing, shape,
-the run's token) and the handler that does the work. It serves connections two ways:
+the run's token) and the handler that does the work, and it alone decides what each
+request gets (:meth:`RPCServer.take`): a frame body is parsed and authenticated once,
+then answered at once when that cannot block (a refusal, an ``inline`` tool), else
+handed back as the :class:`Request` for the transport to answer later, on a thread
+that may block (:meth:`RPCServer.reply_blocking`, a sync tool) or on the event loop
+(:meth:`RPCServer.reply_later`, an async tool). Every transport reads through a
+:class:`RequestReader` and follows that one decision:
 
-- :meth:`RPCServer.serve` takes any anyio byte stream: a Unix socket on any anyio
-  backend, a relay channel, an in-memory stream in tests.
-- :class:`RPCProtocol` is the same server as an ``asyncio.Protocol``, for sockets on
-  the asyncio backend: frames are decoded as the bytes arrive, and a request that can
-  be answered at once is answered from that callback, without waking a task. This is
-  the fast path that makes a trivial call cost little more than its two syscalls
-  (docs/benchmarks.md).
+- the Unix socket (rpc/unix.py) serves each connection with blocking reads in
+  threads, leader/followers: a sync tool runs on the thread that read its request;
+- :meth:`RPCServer.serve` takes any anyio byte stream (the generic path: tests,
+  in-memory streams), each slow request in a task of its own;
+- the relay (rpc/relay.py) and the files transport (rpc/files.py) feed it the bytes
+  they carry.
 
-Either way, requests on one connection are served concurrently, each slow one in its
-own task, and each reply is written whole as soon as it is ready. What a request
-*does* is the handler's business; a :class:`~rpc.errors.CallRefused` from it becomes
-an error reply.
+Requests on one connection are served concurrently, and each reply is written whole
+as soon as it is ready. What a request *does* is the handler's business; a
+:class:`~rpc.errors.CallRefused` from it becomes an error reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from hermes_sandbox import threads
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused, FrameError, FrameTooLarge
 from hermes_sandbox.rpc.framing import (
     DEFAULT_MAX_FRAME_SIZE,
-    HEADER_SIZE,
     FrameSplitter,
     encode_frame,
 )
@@ -54,10 +57,15 @@ class RequestHandler(Protocol):
     """Serves authorized requests.
 
     ``handler(request)`` returns the tool's result as JSON text, or raises
-    :class:`~rpc.errors.CallRefused` to send an error reply. A handler may also have a
-    synchronous ``answer_now(request) -> str | None``, which the server tries first: it
-    returns the result when it can be had without waiting (refusals, tools that never
-    block), or None to have ``handler(request)`` called in a task.
+    :class:`~rpc.errors.CallRefused` to send an error reply. A handler may also have:
+
+    - ``answer_now(request) -> str | None``, which the server tries first: it returns
+      the result when it can be had without waiting (refusals, tools that never
+      block), or None to have the request answered later;
+    - ``answer_blocking(request) -> str | None``, called on a worker thread (never the
+      event loop) by transports that serve in threads: it returns the result, blocking
+      as long as the tool does, or None when the call needs the event loop (an async
+      tool), which then gets ``handler(request)``.
     """
 
     def __call__(self, request: Request) -> Awaitable[str]: ...
@@ -80,10 +88,14 @@ class RPCServer:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_buffered_bytes: int | None = None,
+        max_threads: int = 4 * threads.TOOL_THREADS,
     ) -> None:
         self._handler = handler
         self._answer_now: Callable[[Request], str | None] | None = getattr(
             handler, "answer_now", None
+        )
+        self._answer_blocking: Callable[[Request], str | None] | None = getattr(
+            handler, "answer_blocking", None
         )
         self._token = token.encode()
         self.max_frame_size = max_frame_size
@@ -93,10 +105,15 @@ class RPCServer:
             if max_buffered_bytes is not None
             else BUFFERED_FRAMES * max_frame_size
         )
+        # Threads a threaded transport may start for this run beyond one per connection.
+        self.thread_slots = threading.BoundedSemaphore(max_threads)
+        # Guards the counts below: transports that serve in threads update them too.
+        self._lock = threading.Lock()
         self.connections = 0
         self.buffered = 0  # bytes of unfinished frames held by all connections
-        self._calls = 0  # requests whose handler is running (reply_later)
+        self._calls = 0  # requests whose handler is running (reply_blocking, reply_later)
         self._idle: anyio.Event | None = None  # set when they are done, or abandoned
+        self._wake: Callable[[Callable[[], object]], bool] = _ignore
         self._abandoned = False
 
     # -- one request -------------------------------------------------------------------
@@ -114,22 +131,43 @@ class RPCServer:
         except CallRefused as exc:
             return messages.error_reply(envelope.reply_id, exc.kind, exc.message)
 
+    def take(self, body: bytes) -> Request | Reply:
+        """What one frame body gets, parsed and authenticated once: the reply when it
+        can be made now (a refusal, a tool that never blocks), else the
+        :class:`Request`, token checked, for the transport to answer with
+        :meth:`reply_blocking` on a thread or :meth:`reply_later` on the loop.
+
+        Raises :class:`FrameError` like :meth:`receive`.
+        """
+        item = self.receive(body)
+        if isinstance(item, Request):
+            reply = self.reply_now(item)
+            if reply is not None:
+                return reply
+        return item
+
     def reply_now(self, request: Request) -> Reply | None:
         """The reply to ``request`` if it can be made without waiting, else None."""
         if self._answer_now is None:
             return None
+        return self._reply(self._answer_now, request)
+
+    def reply_blocking(self, request: Request) -> Reply | None:
+        """The reply to ``request``, made on this thread, which blocks as long as the
+        tool does; None when the call needs the event loop (:meth:`reply_later`).
+        Call it from a worker thread, never from the event loop."""
+        if self._answer_blocking is None:
+            return None
+        self._begin_call()
         try:
-            result = self._answer_now(request)
-        except CallRefused as exc:
-            return messages.error_reply(request.id, exc.kind, exc.message)
-        except Exception as exc:
-            return _internal_error(request, exc)
-        return None if result is None else messages.result_reply(request.id, result)
+            return self._reply(self._answer_blocking, request)
+        finally:
+            self._end_call()
 
     async def reply_later(self, request: Request) -> Reply:
         """The reply to ``request``, waiting for its tool as long as it takes (the
         transport cancels it after :meth:`drain` when the run ends)."""
-        self._calls += 1
+        self._begin_call()
         try:
             result = await self._handler(request)
         except CallRefused as exc:
@@ -137,10 +175,29 @@ class RPCServer:
         except Exception as exc:
             return _internal_error(request, exc)
         finally:
-            self._calls -= 1
-            if not self._calls and self._idle is not None:
-                self._idle.set()
+            self._end_call()
         return messages.result_reply(request.id, result)
+
+    @staticmethod
+    def _reply(answer: Callable[[Request], str | None], request: Request) -> Reply | None:
+        try:
+            result = answer(request)
+        except CallRefused as exc:
+            return messages.error_reply(request.id, exc.kind, exc.message)
+        except Exception as exc:
+            return _internal_error(request, exc)
+        return None if result is None else messages.result_reply(request.id, result)
+
+    def _begin_call(self) -> None:
+        with self._lock:
+            self._calls += 1
+
+    def _end_call(self) -> None:
+        with self._lock:
+            self._calls -= 1
+            idle = self._idle if not self._calls else None
+        if idle is not None:
+            self._wake(idle.set)
 
     async def drain(self) -> None:
         """Wait for the calls in flight to answer, at most
@@ -151,11 +208,13 @@ class RPCServer:
         an async tool is cancelled, a sync tool's thread abandoned (it cannot be
         stopped). So a tool that blocks holds a run past its end by this bound at most.
         """
-        if self._abandoned or not self._calls:
-            return
-        self._idle = anyio.Event()
+        with self._lock:
+            if self._abandoned or not self._calls:
+                return
+            idle = self._idle = anyio.Event()
+            self._wake = loop_caller()
         with anyio.move_on_after(threads.TOOL_CALL_DRAIN_SECONDS):
-            await self._idle.wait()
+            await idle.wait()
 
     def abandon(self) -> None:
         """Make :meth:`drain` wait no more (the run was interrupted: end it now)."""
@@ -173,11 +232,16 @@ class RPCServer:
     )
 
     def admit_connection(self) -> bool:
-        if self.connections >= self.max_connections:
-            log.warning("refusing RPC connection: %d already open", self.connections)
-            return False
-        self.connections += 1
-        return True
+        with self._lock:
+            if self.connections < self.max_connections:
+                self.connections += 1
+                return True
+        log.warning("refusing RPC connection: %d already open", self.connections)
+        return False
+
+    def release_connection(self) -> None:
+        with self._lock:
+            self.connections -= 1
 
     # -- a connection as an anyio byte stream -------------------------------------------
 
@@ -195,7 +259,7 @@ class RPCServer:
                 await self._serve(stream, reader)
             finally:
                 reader.close()
-                self.connections -= 1
+                self.release_connection()
 
     async def _serve(self, stream: anyio.abc.ByteStream, reader: RequestReader) -> None:
         send_lock = anyio.Lock(fast_acquire=True)
@@ -226,12 +290,9 @@ class RPCServer:
                         break
                     for item in reader.feed(data):
                         if isinstance(item, Request):
-                            quick = self.reply_now(item)
-                            if quick is None:
-                                tasks.start_soon(answer, item)
-                                continue
-                            item = quick
-                        await send(item)
+                            tasks.start_soon(answer, item)
+                        else:
+                            await send(item)
             except FrameError as exc:
                 refusal = self.framing_refusal(exc)
                 tasks.cancel_scope.cancel()
@@ -257,8 +318,9 @@ class _RunBufferFull(FrameTooLarge):
 class RequestReader:
     """The requests arriving on one connection, from its bytes (sans-I/O).
 
-    :meth:`feed` returns, in order, each whole request (:class:`Request`, token
-    checked) or the error reply refusing it; it raises :class:`FrameError` when the
+    :meth:`feed` returns, in order, what :meth:`RPCServer.take` made of each whole
+    frame: the reply to send now, or the :class:`Request` (token checked) to answer
+    later; it raises :class:`FrameError` when the
     stream breaks its framing, or when the bytes of unfinished frames held by all the
     run's connections pass the server's ``max_buffered_bytes``. Call :meth:`close`
     when the connection ends, to release what it held.
@@ -276,144 +338,23 @@ class RequestReader:
         return self._splitter.inside_frame
 
     def feed(self, data: bytes) -> list[Request | Reply]:
+        server = self._server
         try:
             bodies = self._splitter.feed(data)
         finally:
             held = self._splitter.pending
-            server = self._server
-            server.buffered += held - self._held
+            with server._lock:
+                server.buffered += held - self._held
+                buffered = server.buffered
             self._held = held
-        if held and server.buffered > server.max_buffered_bytes:
-            raise _RunBufferFull(server.buffered, server.max_buffered_bytes)
-        return [server.receive(body) for body in bodies]
+        if held and buffered > server.max_buffered_bytes:
+            raise _RunBufferFull(buffered, server.max_buffered_bytes)
+        return [server.take(body) for body in bodies]
 
     def close(self) -> None:
-        self._server.buffered -= self._held
+        with self._server._lock:
+            self._server.buffered -= self._held
         self._held = 0
-
-
-class RPCProtocol(asyncio.Protocol):
-    """One connection of an :class:`RPCServer`, driven by asyncio's callbacks.
-
-    Requests that can be answered at once are answered in :meth:`data_received`;
-    the others go to :meth:`run`, a task the transport's owner runs for the life of
-    the connection, which serves each in a task of its own.
-    """
-
-    def __init__(self, server: RPCServer) -> None:
-        self._server = server
-        self._reader = RequestReader(server)
-        self._transport: asyncio.Transport | None = None
-        self._pending_send: MemoryObjectSendStream[Request]
-        self._pending: MemoryObjectReceiveStream[Request]
-        self._pending_send, self._pending = anyio.create_memory_object_stream(float("inf"))
-        self._lost = anyio.Event()
-        self._admitted = False
-        # After a framing refusal: how many more bytes are read and dropped before the
-        # connection is closed, or None while it is served.
-        self._discard: int | None = None
-
-    # asyncio callbacks
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        if self._server.admit_connection():
-            self._admitted = True
-        else:
-            self._write(self._server.TOO_MANY_CONNECTIONS)
-            self._finish()
-
-    def data_received(self, data: bytes) -> None:
-        if self._lost.is_set():
-            return
-        if self._discard is not None:
-            self._discard -= len(data)
-            if self._discard <= 0:
-                self._finish()
-            return
-        try:
-            for item in self._reader.feed(data):
-                if isinstance(item, Request):
-                    reply = self._server.reply_now(item)
-                    if reply is None:
-                        self._pending_send.send_nowait(item)
-                        continue
-                    item = reply
-                self._write(item)
-        except FrameError as exc:
-            self._write(self._server.framing_refusal(exc))
-            self._linger()
-
-    def _linger(self) -> None:
-        """Close after a refusal without losing it: closing a socket that still has
-        unread input resets it, and the peer, still sending the refused frame, would get
-        ECONNRESET instead of the reply. So end our side, read and drop a bounded amount
-        (what the refused frame may still send) for at most LINGER_SECONDS, then close."""
-        assert self._transport is not None
-        self._reader.close()
-        self._discard = self._server.max_frame_size + HEADER_SIZE
-        if self._transport.can_write_eof():
-            self._transport.write_eof()
-        asyncio.get_running_loop().call_later(LINGER_SECONDS, self._finish)
-
-    def eof_received(self) -> bool:
-        if self._discard is not None:
-            self._finish()
-            return False
-        # The peer may have shut only its writing side: answer what is in flight.
-        self._pending_send.close()
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._finish()
-
-    def pause_writing(self) -> None:
-        assert self._transport is not None
-        self._transport.pause_reading()  # a peer that does not read gets no more served
-
-    def resume_writing(self) -> None:
-        assert self._transport is not None
-        if not self._transport.is_closing():
-            self._transport.resume_reading()
-
-    # helpers
-    def _write(self, reply: Reply) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(encode_frame(reply))
-
-    def _finish(self) -> None:
-        self._pending_send.close()
-        self._reader.close()
-        self._lost.set()
-
-    async def run(self) -> None:
-        """Serve the requests that need waiting, until the connection ends.
-
-        After the peer's end of input the calls in flight still finish and answer; a
-        lost connection or broken framing abandons them.
-        """
-        assert self._transport is not None
-        try:
-            async with anyio.create_task_group() as connection:
-
-                async def abandon_when_lost() -> None:
-                    await self._lost.wait()
-                    connection.cancel_scope.cancel()
-
-                async def answer(request: Request) -> None:
-                    self._write(await self._server.reply_later(request))
-
-                connection.start_soon(abandon_when_lost)
-                async with anyio.create_task_group() as calls:
-                    async for request in self._pending:
-                        calls.start_soon(answer, request)
-                connection.cancel_scope.cancel()
-        finally:
-            self._pending.close()
-            self._reader.close()
-            if self._admitted:
-                self._server.connections -= 1
-            self._transport.close()
 
 
 def _internal_error(request: Request, exc: Exception) -> Reply:
@@ -431,3 +372,30 @@ async def _send_quietly(stream: anyio.abc.ByteSendStream, data: bytes) -> None:
         await stream.send(data)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass
+
+
+def _ignore(call: Callable[[], object]) -> bool:
+    return False
+
+
+def loop_caller() -> Callable[[Callable[[], object]], bool]:
+    """A function that has the running event loop call ``f()`` soon, from any thread,
+    without waiting for it; it returns False (and drops ``f``) once that loop is gone.
+    Call this from the loop (asyncio or trio)."""
+    try:
+        schedule: Callable[[Callable[[], object]], object] = (
+            asyncio.get_running_loop().call_soon_threadsafe
+        )
+    except RuntimeError:  # trio
+        import trio
+
+        schedule = trio.lowlevel.current_trio_token().run_sync_soon
+
+    def call_soon(f: Callable[[], object]) -> bool:
+        try:
+            schedule(f)
+        except RuntimeError:  # the loop is closed (trio: RunFinishedError)
+            return False
+        return True
+
+    return call_soon

@@ -132,7 +132,13 @@ ToolCallBudget = Budget
 
 
 class ToolGate:
-    """The RPC request handler of one run: checks, charges, dispatches."""
+    """The RPC request handler of one run: checks, charges, dispatches.
+
+    Thread-safe: a transport that serves in threads calls :meth:`answer_now` and
+    :meth:`answer_blocking` from several threads at once while the loop calls it too;
+    the budget is charged under its own locks (and may be shared with delegated
+    children), the count of calls made under the gate's.
+    """
 
     def __init__(
         self,
@@ -145,6 +151,7 @@ class ToolGate:
         self.allowed = frozenset(allowed)
         self.budget = budget
         self._context = context
+        self._lock = threading.Lock()
         self.calls_made = 0
 
     def answer_now(self, request: Request) -> str | None:
@@ -154,6 +161,15 @@ class ToolGate:
         raises CallRefused like it.
         """
         if request.tool in self.allowed and not self._registry.runs_inline(request.tool):
+            return None
+        self._admit(request.tool)
+        return self._registry.dispatch(request.tool, request.args, self._context)
+
+    def answer_blocking(self, request: Request) -> str | None:
+        """Answer on this thread, blocking as long as a sync tool does (call it from a
+        worker thread, never the loop). Returns None for an async tool, which needs
+        the loop (:meth:`__call__`); raises CallRefused like it."""
+        if request.tool in self.allowed and self._registry.runs_async(request.tool):
             return None
         self._admit(request.tool)
         return self._registry.dispatch(request.tool, request.args, self._context)
@@ -180,4 +196,5 @@ class ToolGate:
                 f"Tool call limit reached ({self.budget.limit}). No more tool calls are "
                 "allowed in this run; finish with what you have.",
             )
-        self.calls_made += 1
+        with self._lock:
+            self.calls_made += 1

@@ -337,6 +337,11 @@ class Kernel:
             return None
         return self._gate.answer_now(request)
 
+    def answer_blocking(self, request: Request) -> str | None:
+        if request.tool == KERNEL_REQUEST:
+            return None
+        return self._gate.answer_blocking(request)
+
     async def __call__(self, request: Request) -> str:
         if request.tool != KERNEL_REQUEST:
             return await self._gate(request)

@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hermes_sandbox.rpc.errors import FrameError
-from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RequestReader
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -79,9 +78,10 @@ def test_requests_without_the_token_are_refused(
 @given(st.dictionaries(st.text(max_size=8), values, max_size=6))
 def test_requests_with_the_token_decode_their_args_exactly(args: dict[str, object]) -> None:
     body = msgpack.packb({"id": 5, "tool": "t", "args": args, "token": TOKEN})
-    (item,) = RequestReader(new_server()).feed(frame(body))
-    assert isinstance(item, Request)
-    assert item.args == msgpack.unpackb(msgpack.packb(args), strict_map_key=False)
+    handler = RecordingHandler()  # answers now: the reader hands back its reply
+    (item,) = RequestReader(new_server(handler)).feed(frame(body))
+    assert item == {"id": 5, "result": '{"ok": true}'}
+    assert handler.calls == [("t", msgpack.unpackb(msgpack.packb(args), strict_map_key=False))]
 
 
 @FAST

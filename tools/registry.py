@@ -384,6 +384,11 @@ class ToolRegistry:
         entry = self._tools.get(name)
         return entry is not None and entry.inline and not entry.is_async
 
+    def runs_async(self, name: str) -> bool:
+        """Whether ``name`` is an async tool: it runs on an event loop, not a thread."""
+        entry = self._tools.get(name)
+        return entry is not None and entry.is_async
+
     def dispatch(self, name: str, args: dict[str, Any], ctx: ToolContext | None = None) -> str:
         """Call a tool from synchronous code, in any thread. Never raises.
 

@@ -1,0 +1,274 @@
+"""Attacks on the Unix socket's threaded serving (rpc/unix.py, leader/followers).
+
+Each connection is served by blocking reads in threads, and a sync tool runs on the
+thread that read its request. These tests try to make that cost the host without
+bound: a peer that never reads its replies, many connections each holding half a
+frame, a run that ends while sync tools block. Threads are counted by identity against
+the ones alive before the test, so other tests' leftovers never count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import pytest
+from test_rpc_server import RawClient, raw_client, request
+
+from hermes_sandbox import threads as host_threads
+from hermes_sandbox.rpc.messages import Request
+from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.rpc.unix import CONNECTION_THREADS, SERVING_THREAD, serve_unix_socket
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "s3cret-token"
+# Generous bounds: the machine may be loaded; a hang still fails the test.
+SETTLE_SECONDS = 10.0
+MiB = 1 << 20
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="hthr-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class BlockingHandler:
+    """Sync tools answered on the serving thread (``answer_blocking``): ``echo``;
+    ``big`` (a 1 MiB result); ``block`` (waits for :attr:`release`). ``async`` needs
+    the loop and gets ``__call__``."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self.loop_calls = 0
+
+    def answer_blocking(self, request: Request) -> str | None:
+        if request.tool == "async":
+            return None
+        if request.tool == "block":
+            self.entered.release()
+            self.release.wait(60)
+            return json.dumps({"released": True})
+        if request.tool == "big":
+            return "x" * MiB
+        return json.dumps(request.args)
+
+    async def __call__(self, request: Request) -> str:
+        self.loop_calls += 1
+        await anyio.lowlevel.checkpoint()
+        return json.dumps({"on_the_loop": request.args})
+
+
+def new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The connections' serving threads started since ``before`` and still alive (anyio's
+    idle worker threads, which the test's client uses too, are not the server's)."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and t.name == SERVING_THREAD
+    ]
+
+
+async def wait_until(predicate: Any, what: str, seconds: float = SETTLE_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():  # threads end outside the loop: nothing to wait on but time
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        await anyio.sleep(0.02)
+
+
+def result(reply: dict[str, Any], request_id: int) -> Any:
+    assert set(reply) == {"id", "result"}, reply
+    assert reply["id"] == request_id
+    return json.loads(reply["result"])
+
+
+async def test_sync_and_async_tools_answer_on_one_connection(socket_dir: str) -> None:
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    async with (
+        serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+        raw_client(path) as client,
+    ):
+        calls = [request(i, "async" if i % 2 else "echo", {"n": i}) for i in range(40)]
+        await client.send(b"".join(calls))
+        replies = {r["id"]: r for r in await client.replies(40)}
+    for i in range(40):
+        got = result(replies[i], i)
+        assert got == ({"on_the_loop": {"n": i}} if i % 2 else {"n": i})
+    assert handler.loop_calls == 20
+
+
+async def test_sequential_calls_reuse_the_connection_threads(socket_dir: str) -> None:
+    """A call must not cost a thread: one caller is served by the same few threads."""
+    before = set(threading.enumerate())
+    server = RPCServer(BlockingHandler(), token=TOKEN)
+    async with (
+        serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+        raw_client(path) as client,
+    ):
+        for i in range(200):
+            result(await client.call(request(i, "echo", {"i": i})), i)
+        assert len(new_threads(before)) <= 3
+    await wait_until(lambda: not new_threads(before), "the connection's threads ended")
+
+
+async def test_a_peer_that_never_reads_its_replies_holds_bounded_threads(
+    socket_dir: str,
+) -> None:
+    before = set(threading.enumerate())
+    server = RPCServer(BlockingHandler(), token=TOKEN)
+    async with serve_unix_socket(server, os.path.join(socket_dir, "s")) as path:
+        greedy = await RawClient.open(path, timeout=2.0)
+        try:
+            # Far more 1 MiB replies than the socket buffers: the serving threads block
+            # writing, the reading stops at the thread cap, the rest wait in the socket.
+            flood = b"".join(request(i, "big") for i in range(500))
+
+            def send_flood() -> None:
+                try:
+                    greedy.sock.sendall(flood)
+                except OSError:  # the host stopped reading: what it should do
+                    pass
+
+            await anyio.to_thread.run_sync(send_flood)
+            await anyio.sleep(0.5)
+            assert len(new_threads(before)) <= CONNECTION_THREADS  # + anyio workers
+            # The host is not hung: another connection is served meanwhile.
+            async with raw_client(path) as other:
+                assert result(await other.call(request(7, "echo", {"ok": 1})), 7) == {"ok": 1}
+            await wait_until(
+                lambda: len(new_threads(before)) <= CONNECTION_THREADS,
+                "the other connection's threads ended, the greedy one's stayed bounded",
+            )
+        finally:
+            greedy.close()
+    await wait_until(lambda: not new_threads(before), "every serving thread ended")
+    assert server.connections == 0
+
+
+async def test_many_connections_each_holding_half_a_frame(socket_dir: str) -> None:
+    before = set(threading.enumerate())
+    cap = 64 * 1024
+    server = RPCServer(BlockingHandler(), token=TOKEN, max_frame_size=cap)
+    async with serve_unix_socket(server, os.path.join(socket_dir, "s")) as path:
+        clients = [await RawClient.open(path) for _ in range(12)]
+        try:
+            half = struct.pack(">I", cap - 100) + b"\x81" + b"a" * (cap // 2)
+            for client in clients:
+                await client.send(half)
+            await anyio.sleep(0.5)
+            # One reading thread per connection; the run's cap on unfinished frames.
+            assert len(new_threads(before)) <= len(clients)
+            assert server.buffered <= server.max_buffered_bytes
+            async with raw_client(path) as fresh:
+                assert result(await fresh.call(request(3, "echo", {"x": 1})), 3) == {"x": 1}
+
+            def outcome(client: RawClient) -> str:
+                try:
+                    reply = client.read_reply()
+                except TimeoutError:
+                    return "held"
+                assert reply["error"]["kind"] == "frame_too_large", reply
+                return "refused"
+
+            for client in clients:
+                client.sock.settimeout(0.5)
+            outcomes = [await anyio.to_thread.run_sync(outcome, c) for c in clients]
+            assert "refused" in outcomes  # 12 half frames of 32 KiB pass the 256 KiB cap
+        finally:
+            for client in clients:
+                client.close()
+    await wait_until(lambda: not new_threads(before), "every serving thread ended")
+    assert server.buffered == 0
+    assert server.connections == 0
+
+
+async def test_run_end_while_sync_tools_block_leaves_no_reader(
+    socket_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_threads, "TOOL_CALL_DRAIN_SECONDS", 0.5)
+    before = set(threading.enumerate())
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    clients: list[RawClient] = []
+    try:
+        async with serve_unix_socket(server, os.path.join(socket_dir, "s")) as path:
+            for n in (4, 1):
+                client = await RawClient.open(path)
+                clients.append(client)
+                await client.send(b"".join(request(i, "block") for i in range(n)))
+            for _ in range(5):
+                entered = await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
+                assert entered, "a blocking tool never started"
+            started = time.monotonic()
+        # The drain waited its bound, not the tools; every reading thread has gone.
+        assert time.monotonic() - started < 0.5 + SETTLE_SECONDS
+        assert len(new_threads(before)) <= 5  # only the threads inside the tools
+        for client in clients:
+            client.sock.settimeout(SETTLE_SECONDS)
+            assert await anyio.to_thread.run_sync(client.sock.recv, 1) == b""
+    finally:
+        handler.release.set()
+        for client in clients:
+            client.close()
+    await wait_until(lambda: not new_threads(before), "the tools' threads ended")
+    assert server.connections == 0
+
+
+async def test_abandon_ends_the_run_without_the_drain(socket_dir: str) -> None:
+    before = set(threading.enumerate())
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    try:
+        async with (
+            serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+            raw_client(path) as client,
+        ):
+            await client.send(request(1, "block"))
+            assert await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
+            started = time.monotonic()
+            server.abandon()
+        assert time.monotonic() - started < host_threads.TOOL_CALL_DRAIN_SECONDS - 2
+    finally:
+        handler.release.set()
+    await wait_until(lambda: not new_threads(before), "the tool's thread ended")
+
+
+async def test_frames_are_written_whole_under_concurrent_replies(socket_dir: str) -> None:
+    """Many threads answering at once on one connection never interleave frames."""
+    server = RPCServer(BlockingHandler(), token=TOKEN)
+    count = 300
+    async with (
+        serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+        raw_client(path) as client,
+    ):
+        await client.send(
+            b"".join(request(i, "big" if i % 10 == 0 else "echo", {"i": i}) for i in range(count))
+        )
+        replies = await client.replies(count)
+    assert sorted(r["id"] for r in replies) == list(range(count))
+    for r in replies:
+        if r["id"] % 10 == 0:
+            assert r["result"] == "x" * MiB
+        else:
+            assert json.loads(r["result"]) == {"i": r["id"]}
