@@ -96,6 +96,13 @@ class ExecStream(anyio.abc.ByteStream):
     async def wait(self) -> int:
         """Wait for the process to exit; return its exit code."""
 
+    def send_nowait(self, data: bytes) -> int:
+        """Write what of ``data`` the stream takes now without waiting; return how many
+        bytes that was (0 if none, or if this stream cannot). Never raises: an error is
+        left for the next :meth:`send` to report. The caller writes the rest with
+        :meth:`send`, and never calls this while a :meth:`send` is in progress."""
+        return 0
+
 
 def check_stage_names(files: Mapping[str, bytes]) -> None:
     """Raise OSError(EINVAL) unless every name is a plain file name (no directory)."""

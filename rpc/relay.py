@@ -50,19 +50,27 @@ CHANNEL_FRAME_LIMIT = 1024 * 1024
 
 
 class _ChannelWriter:
-    """Frames to the relay, written whole and in order by one task (:meth:`run`).
+    """Frames to the relay, written whole and in order.
 
     Queuing never waits, so the task that reads the channel never stops reading it:
     :meth:`put` queues a frame (refusing a connection's reply past the queue limits),
-    :meth:`put_first` queues one ahead of all others (the kill).
+    :meth:`put_first` queues one ahead of all others (the kill). When nothing is queued
+    or being written, :meth:`put` first offers the frame to the stream's
+    ``send_nowait`` (an :class:`~environments.base.ExecStream` that can write without
+    waiting): a reply then goes out in the call that made it, with no task switch.
+    What the stream does not take at once is queued, ahead of all else, for the
+    writing task (:meth:`run`).
     """
 
     def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
         self._stream = stream
+        self._send_nowait: Callable[[bytes], int] | None = getattr(stream, "send_nowait", None)
         self._queue: deque[tuple[bytes, int | None, anyio.Event | None]] = deque()
         self._queued = 0
         self._per_connection: dict[int, int] = {}
         self._ready = anyio.Event()
+        self._sending = False  # run() is inside a send
+        self._head_started = False  # the first queued frame is partly written
         self.broken = False
 
     def put(self, message: dict[str, Any], *, conn: int | None = None) -> bool:
@@ -70,25 +78,34 @@ class _ChannelWriter:
         if self.broken:
             return False
         frame = encode_frame(message)
-        if conn is not None:
+        if not self._queue and not self._sending and self._send_nowait is not None:
+            written = self._send_nowait(frame)
+            if written == len(frame):
+                return True
+            if written:
+                frame = frame[written:]
+                self._head_started = True  # the rest must go before anything else
+        elif conn is not None:
             held = self._per_connection.get(conn, 0)
             if held and held + len(frame) > CONNECTION_QUEUE_LIMIT:
                 return False
             if self._queued and self._queued + len(frame) > CHANNEL_QUEUE_LIMIT:
                 return False
-            self._per_connection[conn] = held + len(frame)
+        if conn is not None:
+            self._per_connection[conn] = self._per_connection.get(conn, 0) + len(frame)
         self._queue.append((frame, conn, None))
         self._queued += len(frame)
         self._ready.set()
         return True
 
     def put_first(self, message: dict[str, Any]) -> anyio.Event:
-        """Queue ``message`` before everything else; the event is set once written."""
+        """Queue ``message`` before everything else (after the rest of a frame already
+        partly written); the event is set once written."""
         if self.broken:
             raise anyio.BrokenResourceError
         frame = encode_frame(message)
         written = anyio.Event()
-        self._queue.appendleft((frame, None, written))
+        self._queue.insert(1 if self._head_started else 0, (frame, None, written))
         self._queued += len(frame)
         self._ready.set()
         return written
@@ -101,12 +118,17 @@ class _ChannelWriter:
                     self._ready = anyio.Event()
                     await self._ready.wait()
                 frame, conn, written = self._queue.popleft()
+                self._head_started = False
                 self._queued -= len(frame)
                 if conn is not None:
                     left = self._per_connection.pop(conn) - len(frame)
                     if left:
                         self._per_connection[conn] = left
-                await self._stream.send(frame)
+                self._sending = True
+                try:
+                    await self._stream.send(frame)
+                finally:
+                    self._sending = False
                 if written is not None:
                     written.set()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
@@ -119,7 +141,7 @@ class _RelayedConnection:
 
     Frames are decoded as they come; a request that can be answered at once is
     answered from the demultiplexer, the others each in a task (as
-    :class:`rpc.server.RPCProtocol` does for a socket on the host). After the script
+    the Unix socket does on the host). After the script
     shuts its side (``eof``), the calls in flight still answer, then the host closes.
     A connection whose replies back up past the writer's limits is dropped.
     """

@@ -46,6 +46,8 @@ except Exception:
     from _hermes_msgpack import packb as _pack, unpackb as _unpack
 
 _HEADER = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 _CHUNK = 65536
 _MAX_FRAME = 64 * 1024 * 1024
 _DRAIN_SECONDS = 2.0
@@ -57,14 +59,91 @@ _CHANNEL_PAUSE = 1024 * 1024
 _RELAY_ONLY_VARS = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
 
 
+# The per-call messages, {"op": "rpc", "conn": N, "data": BIN} and {"op": "out", "fd":
+# N, "data": BIN}, are written and read here without the generic codec (in a sandbox
+# without msgpack that codec is pure Python, and it would cost more than the channel's
+# round trip). The bytes are what msgpack writes for those maps, keys in that order;
+# an rpc message from the host in any other valid encoding takes the generic path.
+_RPC_HEAD = b"\x83\xa2op\xa3rpc\xa4conn"
+_DATA_KEY = b"\xa4data"
+
+
+def _uint(n):
+    """A non-negative int as msgpack writes it (the smallest form)."""
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x100:
+        return b"\xcc" + bytes((n,))
+    if n < 0x10000:
+        return b"\xcd" + _U16.pack(n)
+    return b"\xce" + _U32.pack(n)
+
+
+def data_frame(head, data):
+    """The whole frame of a message whose encoding starts with ``head`` (its map
+    header, its op and its fields up to the key "data") and ends with ``data`` as bin."""
+    n = len(data)
+    if n < 0x100:
+        size = b"\xc4" + bytes((n,))
+    elif n < 0x10000:
+        size = b"\xc5" + _U16.pack(n)
+    else:
+        size = b"\xc6" + _U32.pack(n)
+    return b"".join((_HEADER.pack(len(head) + len(size) + n), head, size, data))
+
+
+_OUT_HEADS = {fd: b"\x83\xa2op\xa3out\xa2fd" + _uint(fd) + _DATA_KEY for fd in (1, 2)}
+
+
+def rpc_head(conn_id):
+    return _RPC_HEAD + _uint(conn_id) + _DATA_KEY
+
+
+def read_rpc(body):
+    """(conn, data) of an rpc message as :func:`data_frame` writes it, else None."""
+    try:
+        pos = len(_RPC_HEAD)
+        if body[:pos] != _RPC_HEAD:
+            return None
+        b = body[pos]
+        if b < 0x80:
+            conn, pos = b, pos + 1
+        elif b == 0xCC:
+            conn, pos = body[pos + 1], pos + 2
+        elif b == 0xCD:
+            conn, pos = _U16.unpack_from(body, pos + 1)[0], pos + 3
+        elif b == 0xCE:
+            conn, pos = _U32.unpack_from(body, pos + 1)[0], pos + 5
+        else:
+            return None
+        if body[pos : pos + 5] != _DATA_KEY:
+            return None
+        b = body[pos + 5]
+        if b == 0xC4:
+            n, pos = body[pos + 6], pos + 7
+        elif b == 0xC5:
+            n, pos = _U16.unpack_from(body, pos + 6)[0], pos + 8
+        elif b == 0xC6:
+            n, pos = _U32.unpack_from(body, pos + 6)[0], pos + 10
+        else:
+            return None
+    except (IndexError, struct.error):
+        return None
+    if pos + n != len(body):
+        return None
+    return conn, body[pos:]
+
+
 class _Conn(object):
     """An RPC connection of the script: its socket and the replies not yet written."""
 
-    __slots__ = ("closing", "input_ended", "out", "sock")
+    __slots__ = ("closing", "events", "head", "input_ended", "out", "sock")
 
-    def __init__(self, sock):
+    def __init__(self, sock, conn_id):
         self.sock = sock
+        self.head = rpc_head(conn_id)  # of its rpc messages to the host
         self.out = bytearray()
+        self.events = 0  # what it is selected for
         self.input_ended = False  # the script shut its writing side
         self.closing = False  # the host closed it: close once out is written
 
@@ -94,7 +173,21 @@ class Relay(object):
     # -- channel -----------------------------------------------------------------------
     def send(self, message):
         body = _pack(message)
-        self.chan_out += _HEADER.pack(len(body)) + body
+        self.send_frame(_HEADER.pack(len(body)) + body)
+
+    def send_frame(self, frame):
+        """Write a whole frame now if the channel takes it, else queue what is left."""
+        if not self.chan_out:
+            try:
+                written = os.write(self.cout, frame)
+            except (BlockingIOError, InterruptedError):
+                written = 0
+            except OSError:  # the host is gone
+                return
+            if written == len(frame):
+                return
+            frame = memoryview(frame)[written:]
+        self.chan_out += frame
         self.flush_channel()
 
     def flush_channel(self):
@@ -148,25 +241,40 @@ class Relay(object):
         if not chunk:
             self.host_gone()
             return
-        self.inbuf += chunk
-        while len(self.inbuf) >= 4:
-            (size,) = _HEADER.unpack_from(self.inbuf)
+        if self.inbuf:
+            self.inbuf += chunk
+            data = self.inbuf
+        else:
+            data = chunk  # the usual case: whole frames, read without a copy
+        pos, end = 0, len(data)
+        while end - pos >= 4:
+            (size,) = _HEADER.unpack_from(data, pos)
             if size == 0 or size > _MAX_FRAME:
                 self.fatal("bad frame from the host (%d bytes)" % size)
-            if len(self.inbuf) < 4 + size:
-                return
-            message = _unpack(bytes(self.inbuf[4 : 4 + size]))
-            del self.inbuf[: 4 + size]
-            self.handle(message)
+            if end - pos - 4 < size:
+                break
+            body = bytes(data[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+            rpc = read_rpc(body)
+            if rpc is not None:
+                self.deliver(rpc[0], rpc[1])
+            else:
+                self.handle(_unpack(body))
+        if data is self.inbuf:
+            del self.inbuf[:pos]
+        elif pos < end:
+            self.inbuf += data[pos:]
+
+    def deliver(self, conn_id, data):
+        """Reply bytes from the host for one of the script's connections."""
+        conn = self.conns.get(conn_id)
+        if conn is not None and data:
+            self.write_conn(conn_id, data)
 
     def handle(self, message):
         op = message.get("op")
         if op == "rpc":
-            conn_id = message.get("conn")
-            conn = self.conns.get(conn_id)
-            if conn is not None:
-                conn.out += message.get("data") or b""
-                self.write_conn(conn_id)
+            self.deliver(message.get("conn"), message.get("data") or b"")
         elif op == "close":
             conn = self.conns.get(message.get("conn"))
             if conn is not None:
@@ -238,7 +346,7 @@ class Relay(object):
         except OSError:
             data = b""
         if data:
-            self.send({"op": "out", "fd": fd_number, "data": data})
+            self.send_frame(data_frame(_OUT_HEADS[fd_number], data))
         else:
             try:
                 self.sel.unregister(fd)
@@ -278,8 +386,9 @@ class Relay(object):
         self.next_conn += 1
         conn_id = self.next_conn
         sock.setblocking(False)
-        self.conns[conn_id] = _Conn(sock)
-        self.sel.register(sock, selectors.EVENT_READ, ("conn", conn_id))
+        conn = self.conns[conn_id] = _Conn(sock, conn_id)
+        conn.events = selectors.EVENT_READ
+        self.sel.register(sock, conn.events, ("conn", conn_id))
         self.send({"op": "open", "conn": conn_id})
 
     def watch_conn(self, conn_id):
@@ -289,6 +398,9 @@ class Relay(object):
         events = 0 if conn.input_ended or self.paused else selectors.EVENT_READ
         if conn.out:
             events |= selectors.EVENT_WRITE
+        if events == conn.events:
+            return
+        conn.events = events
         try:
             if events:
                 self.sel.modify(conn.sock, events, ("conn", conn_id))
@@ -316,7 +428,7 @@ class Relay(object):
             self.close_conn(conn_id, tell_host=True)
             return
         if data:
-            self.send({"op": "rpc", "conn": conn_id, "data": data})
+            self.send_frame(data_frame(conn.head, data))
             return
         # The script shut its writing side (or closed): the host answers what is in
         # flight, then closes; replies still go out until then.
@@ -324,11 +436,19 @@ class Relay(object):
         self.watch_conn(conn_id)
         self.send({"op": "eof", "conn": conn_id})
 
-    def write_conn(self, conn_id):
+    def write_conn(self, conn_id, data=b""):
+        """Write what the connection's socket takes of its queued replies and ``data``,
+        and queue the rest."""
         conn = self.conns.get(conn_id)
         if conn is None:
             return
         try:
+            if data and not conn.out:  # the usual case: straight to the socket
+                try:
+                    data = memoryview(data)[conn.sock.send(data) :]
+                except (BlockingIOError, InterruptedError):
+                    pass
+            conn.out += data
             while conn.out:
                 sent = conn.sock.send(conn.out[:262144])
                 del conn.out[:sent]
@@ -416,7 +536,11 @@ class Relay(object):
         self.sel.register(self.cin, selectors.EVENT_READ, ("channel", None))
         self.sel.register(self.sigchld_r, selectors.EVENT_READ, ("sigchld", None))
         while not self.done:
-            for key, events in self.sel.select(timeout=0.5):
+            ready = self.sel.select(timeout=0.5)
+            # The script's exit is looked for after a SIGCHLD (its wakeup byte is among
+            # the ready keys) and on every timeout, not on every call's pass.
+            check_child = not ready
+            for key, events in ready:
                 kind, arg = key.data
                 if kind == "channel":
                     self.read_channel()
@@ -435,9 +559,10 @@ class Relay(object):
                     except OSError:
                         pass
                     self.reap()  # the script, or an orphan reparented here
+                    check_child = True
                 if self.done:
                     break
-            if not self.done and self.child_exited():
+            if check_child and not self.done and self.child_exited():
                 self.finish()
         self.flush_channel_blocking()
 

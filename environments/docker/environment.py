@@ -82,7 +82,11 @@ from hermes_sandbox.environments.docker.settings import (
     engine_address,
     shown_address,
 )
-from hermes_sandbox.environments.docker.stream import DockerExecStream, ThreadedSocketStream
+from hermes_sandbox.environments.docker.stream import (
+    DockerExecStream,
+    NonBlockingSocketStream,
+    ThreadedSocketStream,
+)
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.settings import PROGRESS_LOGGER
@@ -507,8 +511,8 @@ class DockerEnvironment(ExecStreamEnvironment):
         sock, pending = _exec_socket_stream(raw)
         transport: anyio.abc.ByteStream
         plain = isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)
-        if plain and not self.threaded_io and hasattr(anyio.abc.SocketStream, "from_socket"):
-            transport = await anyio.abc.SocketStream.from_socket(sock)
+        if plain and not self.threaded_io:
+            transport = NonBlockingSocketStream(sock)
         else:
             transport = ThreadedSocketStream(sock)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from hermes_sandbox.environments.base import ExecStream
 
@@ -119,6 +120,74 @@ class ThreadedSocketStream(anyio.abc.ByteStream):
         self._sock.close()
 
 
+class NonBlockingSocketStream(anyio.abc.ByteStream):
+    """A plain socket (the engine's hijacked connection) read and written non-blocking
+    from the event loop: a read tries the socket first and waits for readability only
+    when it has nothing, and :meth:`send_nowait` writes in the caller's own step, so a
+    relayed call costs one wake-up and one system call each way."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        waited = False
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                data = self._sock.recv(max_bytes)
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_readable(self._sock)  # ClosedResourceError on aclose
+                waited = True
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+            if not data:
+                raise anyio.EndOfStream
+            if not waited:
+                await anyio.lowlevel.checkpoint()  # data always there must not starve others
+            return data
+
+    def send_nowait(self, data: bytes) -> int:
+        if self._closed:
+            return 0
+        try:
+            return self._sock.send(data)
+        except OSError:  # full (BlockingIOError), or broken: send reports it
+            return 0
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        waited = False
+        while view:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                view = view[self._sock.send(view) :]
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_writable(self._sock)
+                waited = True
+            except OSError as exc:
+                raise anyio.BrokenResourceError(str(exc)) from exc
+        if not waited:
+            await anyio.lowlevel.checkpoint()
+
+    async def send_eof(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        anyio.notify_closing(self._sock)  # wakes a task waiting on it
+        self._sock.close()
+
+
 class DockerExecStream(ExecStream):
     """An exec's stdin and stdout as one byte stream; stderr kept as a short tail.
 
@@ -180,6 +249,10 @@ class DockerExecStream(ExecStream):
     async def send(self, item: bytes) -> None:
         await self._transport.send(item)
 
+    def send_nowait(self, data: bytes) -> int:
+        send_nowait = getattr(self._transport, "send_nowait", None)
+        return 0 if send_nowait is None else int(send_nowait(data))
+
     async def send_eof(self) -> None:
         self._eof_sent = True
         await self._transport.send_eof()
@@ -211,4 +284,4 @@ class DockerExecStream(ExecStream):
             await anyio.to_thread.run_sync(self._release)
 
 
-__all__ = ["DockerExecStream", "ThreadedSocketStream"]
+__all__ = ["DockerExecStream", "NonBlockingSocketStream", "ThreadedSocketStream"]

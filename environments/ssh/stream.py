@@ -134,6 +134,19 @@ class SSHExecStream(ExecStream):
             except anyio.ClosedResourceError:
                 raise anyio.ClosedResourceError from None
 
+    def send_nowait(self, data: bytes) -> int:
+        """Send a small ``data`` now if the peer's window has room (paramiko then
+        writes the packet in this thread, without waiting for the peer)."""
+        channel = self._channel
+        if self._closed or self._send_lock.locked() or len(data) > _DIRECT_SEND_LIMIT:
+            return 0
+        try:
+            if not channel.send_ready() or channel.closed:
+                return 0
+            return int(channel.send(data))
+        except (OSError, EOFError, paramiko.SSHException):
+            return 0  # send reports it
+
     async def send(self, item: bytes) -> None:
         if self._closed:
             raise anyio.ClosedResourceError

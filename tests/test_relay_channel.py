@@ -1,0 +1,184 @@
+"""The relay channel's per-call path, piece by piece: the relay's own encoding of the
+``rpc`` and ``out`` messages (stubs/_relay.py, without the generic codec), and the
+host's writer (rpc/relay.py), which writes a frame in the call that made it when the
+stream takes it at once and queues the rest, in order, under the same caps."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import anyio
+import msgpack
+import pytest
+
+from hermes_sandbox.rpc import relay as host_relay
+from hermes_sandbox.rpc.framing import FrameDecoder
+from hermes_sandbox.stubs import _msgpack, _proctree
+
+RELAY_SOURCE = host_relay.__file__.replace("rpc/relay.py", "stubs/_relay.py")
+
+
+def _load_relay() -> types.ModuleType:
+    """stubs/_relay.py as the sandbox runs it, with the pure-Python codec."""
+    saved = {name: sys.modules.get(name) for name in ("_hermes_msgpack", "_proctree", "msgpack")}
+    sys.modules["_hermes_msgpack"] = _msgpack
+    sys.modules["_proctree"] = _proctree
+    sys.modules["msgpack"] = None  # type: ignore[assignment]  # as in a bare image
+    try:
+        spec = importlib.util.spec_from_file_location("_relay_under_test", RELAY_SOURCE)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    assert module._pack is _msgpack.packb  # the fallback was taken
+    return module
+
+
+relay = _load_relay()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+CONNS = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1]
+SIZES = [0, 1, 255, 256, 65535, 65536, 300_000]
+
+
+@pytest.mark.parametrize("conn", CONNS)
+@pytest.mark.parametrize("size", SIZES)
+def test_relay_rpc_frames_are_what_msgpack_writes(conn: int, size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    frame = relay.data_frame(relay.rpc_head(conn), data)
+    expected = msgpack.packb({"op": "rpc", "conn": conn, "data": data}, use_bin_type=True)
+    assert frame == len(expected).to_bytes(4, "big") + expected
+    assert relay.read_rpc(frame[4:]) == (conn, data)
+    # The host's own encoding of the same message reads the same.
+    by_host = host_relay.encode_frame({"op": "rpc", "conn": conn, "data": data})
+    assert relay.read_rpc(by_host[4:]) == (conn, data)
+
+
+@pytest.mark.parametrize("fd", [1, 2])
+def test_relay_out_frames_are_what_msgpack_writes(fd: int) -> None:
+    frame = relay.data_frame(relay._OUT_HEADS[fd], b"hello")
+    assert [m for m in FrameDecoder().feed(frame)] == [{"op": "out", "fd": fd, "data": b"hello"}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        msgpack.packb({"conn": 1, "op": "rpc", "data": b"ab"}),  # other key order
+        msgpack.packb({"op": "rpc", "conn": 1, "data": b"ab", "x": 1}),  # more keys
+        msgpack.packb({"op": "rpc", "conn": -1, "data": b"ab"}),  # a negative conn
+        msgpack.packb({"op": "rpc", "conn": 1, "data": "ab"}),  # str, not bin
+        msgpack.packb({"op": "close", "conn": 1}),
+        msgpack.packb({"op": "rpc", "conn": 1, "data": b"abc"})[:-1],  # truncated
+        msgpack.packb({"op": "rpc", "conn": 1, "data": b"abc"}) + b"\0",  # trailing
+        msgpack.packb({"op": "rpc", "conn": 1, "data": b"abc"})[:12],  # cut in the head
+        b"",
+    ],
+)
+def test_relay_fast_read_leaves_anything_else_to_the_codec(body: bytes) -> None:
+    assert relay.read_rpc(body) is None
+
+
+class _Stream(anyio.abc.ByteSendStream):
+    """Takes ``accept`` bytes now per send_nowait call (None: this stream cannot), and
+    the rest through send, which waits while ``gate`` is closed."""
+
+    def __init__(self, accept: int | None) -> None:
+        self.accept = accept
+        self.wire = bytearray()
+        self.gate = anyio.Event()
+        self.sends = 0
+        self.three_sent = anyio.Event()
+        if accept is None:
+            self.send_nowait = None  # type: ignore[assignment]
+
+    def send_nowait(self, data: bytes) -> int:  # type: ignore[no-redef]
+        assert self.accept is not None
+        taken = data[: self.accept]
+        self.wire += taken
+        return len(taken)
+
+    async def send(self, item: bytes) -> None:
+        await self.gate.wait()
+        self.sends += 1
+        self.wire += item
+        if self.sends == 3:
+            self.three_sent.set()
+
+    async def send_eof(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _messages(wire: bytes) -> list[dict[str, Any]]:
+    decoder = FrameDecoder(1 << 30)
+    messages = decoder.feed(wire)
+    assert not decoder.inside_frame
+    return messages
+
+
+@pytest.mark.anyio
+async def test_writer_writes_a_frame_in_the_call_when_the_stream_takes_it() -> None:
+    stream = _Stream(accept=1 << 20)
+    writer = host_relay._ChannelWriter(stream)
+    assert writer.put({"op": "rpc", "conn": 1, "data": b"reply"}, conn=1)
+    assert _messages(stream.wire) == [{"op": "rpc", "conn": 1, "data": b"reply"}]
+    assert stream.sends == 0  # no task was needed
+
+
+@pytest.mark.anyio
+async def test_writer_queues_the_rest_of_a_partly_written_frame_before_a_kill() -> None:
+    stream = _Stream(accept=7)  # part of the first frame only
+    writer = host_relay._ChannelWriter(stream)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(writer.run)
+        assert writer.put({"op": "rpc", "conn": 1, "data": b"a" * 100}, conn=1)
+        assert writer.put({"op": "rpc", "conn": 1, "data": b"b" * 100}, conn=1)
+        written = writer.put_first({"op": "kill", "grace": 0.0})
+        stream.gate.set()
+        with anyio.fail_after(10):
+            await written.wait()
+            await stream.three_sent.wait()
+        tasks.cancel_scope.cancel()
+    assert _messages(stream.wire) == [
+        {"op": "rpc", "conn": 1, "data": b"a" * 100},  # its rest went first, whole
+        {"op": "kill", "grace": 0.0},
+        {"op": "rpc", "conn": 1, "data": b"b" * 100},
+    ]
+
+
+@pytest.mark.parametrize("accept", [0, None, 5])
+@pytest.mark.anyio
+async def test_writer_caps_a_connection_whose_replies_back_up(accept: int | None) -> None:
+    """A stream that takes nothing more (the relay stopped reading): replies for one
+    connection queue up to the limit, then are refused, whatever send_nowait does."""
+    stream = _Stream(accept=accept)
+    writer = host_relay._ChannelWriter(stream)
+    reply = b"r" * (1 << 20)
+    accepted = 0
+    while writer.put({"op": "rpc", "conn": 3, "data": reply}, conn=3):
+        accepted += 1
+        assert accepted * len(reply) <= host_relay.CONNECTION_QUEUE_LIMIT + 2 * len(reply)
+    assert accepted >= 1
+    # Another connection still gets its reply queued, and the channel's cap holds too.
+    assert writer.put({"op": "rpc", "conn": 4, "data": b"x"}, conn=4)
+    total = 0
+    conn = 10
+    while writer.put({"op": "rpc", "conn": conn, "data": reply}, conn=conn):
+        conn += 1
+        total += len(reply)
+        assert total <= host_relay.CHANNEL_QUEUE_LIMIT + len(reply)
