@@ -547,12 +547,9 @@ async def test_pipelined_requests_split_across_writes(socket_dir: str) -> None:
 async def test_slow_calls_on_one_connection_overlap(socket_dir: str) -> None:
     handler = TestHandler()
     async with serving(socket_dir, handler) as path, raw_client(path) as client:
-        started = time.monotonic()
         await client.send(b"".join(request(n, "slow", {"seconds": 0.5, "n": n}) for n in range(10)))
         replies = await client.replies(10)
-        elapsed = time.monotonic() - started
-    # Structural, not a benchmark: served one after another this would take 5 s.
-    assert elapsed < 2.5, f"10 calls of 0.5 s took {elapsed:.2f} s: they did not overlap"
+    # Structural, not timed: served one after another, at most one would be in flight.
     assert handler.max_in_flight == 10
     assert sorted(r["id"] for r in replies) == list(range(10))
     for reply in replies:

@@ -488,9 +488,9 @@ async def test_exec_stream_env_cwd_and_secrets_stay_off_command_lines(server: Se
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.anyio
-async def test_echo_round_trip_is_fast(server: Server, anyio_backend: str) -> None:
-    """The relay carries every tool call over one of these streams: a small echo
-    through it must cost well under a millisecond or two."""
+async def test_echo_round_trips_small_and_large(server: Server, anyio_backend: str) -> None:
+    """The relay carries every tool call over one of these streams: small echoes come
+    back whole, one after another, and so does one past the channel's window."""
     echo = "import os\nwhile True:\n d = os.read(0, 65536)\n if not d: break\n os.write(1, d)"
     async with SSHEnvironment(server.config()) as env:
         stream = await env.open_exec_stream(["python3", "-c", echo])
@@ -523,8 +523,8 @@ async def test_echo_round_trip_is_fast(server: Server, anyio_backend: str) -> No
             assert await stream.wait() == 0
         finally:
             await stream.aclose()
+    # Its speed is the benchmark's (rtt.floor.ssh.c1), not a timed assertion here.
     print(f"\nssh echo round trip ({anyio_backend}): {per_round * 1000:.3f} ms")
-    assert per_round < 0.005, f"{per_round * 1000:.2f} ms per round trip"
 
 
 # -- whole runs ------------------------------------------------------------------------------
