@@ -316,7 +316,7 @@ class FileChannel:
         if names is None:
             with os.scandir(self._fd) as entries:
                 names = {entry.name for entry in entries}
-        taken = []
+        taken: list[tuple[str, bytes | dict[str, Any]]] = []
         held = 0
         for name in sorted(names):
             if held >= self._server.max_buffered_bytes:
