@@ -41,6 +41,7 @@ SECTIONS = {
     "payload": "6. Large tool results, round trip",
     "warm": "7. print(1) in a warm Session, a one-shot run beside it as the baseline",
     "cell": "8. print(1) as a cell of a persistent interpreter, a warm Session run beside it",
+    "many": "9. Many runs at once, threads calling a plain echo tool in each",
 }
 
 
@@ -205,6 +206,33 @@ def _summarize_concurrent(samples: list[Sample]) -> dict[str, Any]:
         "runs": total,
         "all_correct": correct == total,
         "wrong_examples": [w for s in samples for w in s["wrong"]][:3],
+    }
+
+
+# Host counts compared from this round on (the first round warms imports and pools).
+MANY_STEADY_ROUND = 2
+
+
+def _summarize_many(samples: list[Sample]) -> dict[str, Any]:
+    walls = [s["wall_s"] for s in samples]
+    correct = sum(s["correct"] for s in samples)
+    runs = sum(s["runs"] for s in samples)
+    steady = samples[min(MANY_STEADY_ROUND, len(samples)) - 1]
+    last = samples[-1]
+    return {
+        "wall_p50_s": round(stats.median(walls), 3),
+        "wall_s": [round(w, 3) for w in walls],
+        "calls_per_s": round(samples[0]["calls"] / stats.median(walls)),
+        "correct": correct,
+        "runs": runs,
+        "all_correct": correct == runs,
+        "wrong_examples": [w for s in samples for w in s["wrong"]][:3],
+        "rss_mb": [round(s["rss_mb"], 1) for s in samples],
+        "fds": [s["fds"] for s in samples],
+        "threads": [s["threads"] for s in samples],
+        "rss_growth_mb": round(last["rss_mb"] - steady["rss_mb"], 1),
+        "fd_growth": last["fds"] - steady["fds"],
+        "thread_growth": last["threads"] - steady["threads"],
     }
 
 
@@ -477,6 +505,37 @@ def build_cases(settings: Settings) -> list[Case]:
                     params={"backend": b.name, "runs": n, "calls": s.concurrent_calls},
                 )
             )
+
+    # 9. Many runs at once, on the socket and on files (issue #12, target 4).
+    for t in (t for t in TRANSPORTS if t.name in ("unix", "files")):
+        b = _backend("local")
+        cases.append(
+            Case(
+                id=f"many.{t.name}.{b.name}",
+                section="many",
+                label=(
+                    f"{s.many_runs} runs x {s.many_threads} threads x {s.many_calls} calls"
+                    f" / {t.label} / {b.name}"
+                ),
+                measure=partial(
+                    subject.run_many,
+                    {**b.options(), **t.run_options},
+                    s.many_runs,
+                    s.many_threads,
+                    s.many_calls,
+                ),
+                summarize=_summarize_many,
+                rounds=s.many_rounds,
+                probe=partial(_first_reason, b.probe, t.probe),
+                params={
+                    "transport": t.name,
+                    "backend": b.name,
+                    "runs": s.many_runs,
+                    "threads": s.many_threads,
+                    "calls_per_thread": s.many_calls,
+                },
+            )
+        )
 
     # 6. Large payloads: each transport on each backend, and the JSON-lines baseline.
     for size in s.payload_sizes:

@@ -250,6 +250,26 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
                 "first cell, which starts the interpreter in the running environment",
             )
         )
+    if "many" in by_section:
+        out.append(
+            _simple_table(
+                "many",
+                by_section["many"],
+                ["wall p50 s", "calls/s", "correct", "RSS MB by round", "fds", "threads"],
+                lambda f: [
+                    _num(f["wall_p50_s"], 3),
+                    _num(f["calls_per_s"]),
+                    f"{f['correct']}/{f['runs']}" + ("" if f["all_correct"] else " WRONG"),
+                    " ".join(f"{x:.0f}" for x in f["rss_mb"]),
+                    " ".join(str(x) for x in f["fds"]),
+                    " ".join(str(x) for x in f["threads"]),
+                ],
+                note=(
+                    f"{settings['many_rounds']} round(s), the transports taking turns; "
+                    "host RSS, open fds and threads after each round"
+                ),
+            )
+        )
     return out
 
 

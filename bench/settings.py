@@ -28,6 +28,11 @@ class Settings:
     payload_calls: dict[int, int] = field(default_factory=dict)  # by size
     payload_rounds: int = 1
     callers: tuple[int, ...] = (1, 8)
+    # Many runs at once (issue #12, target 4): runs x threads per run x calls per thread.
+    many_runs: int = 32
+    many_threads: int = 10
+    many_calls: int = 50
+    many_rounds: int = 5
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -46,6 +51,10 @@ class Settings:
             "payload_calls_per_round": {str(k): v for k, v in self.payload_calls.items()},
             "payload_rounds": self.payload_rounds,
             "callers": list(self.callers),
+            "many_runs": self.many_runs,
+            "many_threads_per_run": self.many_threads,
+            "many_calls_per_thread": self.many_calls,
+            "many_rounds": self.many_rounds,
         }
 
 
@@ -81,4 +90,8 @@ QUICK = Settings(
     payload_sizes=(MiB, 10 * MiB),
     payload_calls={MiB: 2, 10 * MiB: 1},
     payload_rounds=1,
+    many_runs=8,
+    many_threads=2,
+    many_calls=5,
+    many_rounds=2,
 )

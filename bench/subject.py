@@ -11,6 +11,7 @@ print the figures as JSON, which the host parses from the result's output.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import shutil
@@ -49,13 +50,18 @@ def _killed(result: ExecutionResult) -> bool:
     return result.status == "error" and (result.exit_code or 0) > 128
 
 
+# The echo registered as users register their tools: a plain sync handler, no
+# ``inline=True``, so every call takes the host's ordinary path.
+PLAIN_ECHO = "pecho"
+
+
 @functools.cache
 def bench_registry() -> ToolRegistry:
     """A private registry with only the benchmark's tools."""
     registry = ToolRegistry()
     registry.register("echo", "bench", ECHO_SCHEMA, echo_tool, inline=True)
     # The same echo registered as users register tools: a plain sync handler.
-    registry.register("pecho", "bench", {**ECHO_SCHEMA, "name": "pecho"}, echo_tool)
+    registry.register(PLAIN_ECHO, "bench", {**ECHO_SCHEMA, "name": PLAIN_ECHO}, echo_tool)
     registry.register("blob", "bench", BLOB_SCHEMA, blob_tool)
     return registry
 
@@ -415,25 +421,20 @@ print("ok {run_index}")
 """
 
 
-def run_concurrent(run_options: Mapping[str, Any], runs: int, calls: int) -> dict[str, Any]:
-    """``runs`` scripts at once, each making ``calls`` echo calls; every result checked."""
-    options: dict[str, Any] = {
-        "tools": BENCH_TOOLS,
-        "registry": bench_registry(),
-        "max_tool_calls": calls,
-        "spill_dir": _spill_dir(),
-        "timeout": 300,
-        **run_options,
-    }
-    results: list[ExecutionResult | None] = [None] * runs
+def _run_at_once(
+    scripts: list[str], options: Mapping[str, Any]
+) -> tuple[float, list[ExecutionResult | None]]:
+    """Every script at once through ``execute_code_async``: the wall time of them all,
+    and each one's result."""
+    results: list[ExecutionResult | None] = [None] * len(scripts)
 
     async def one(k: int) -> None:
-        results[k] = await execute_code_async(concurrent_script(k, calls), **options)
+        results[k] = await execute_code_async(scripts[k], **options)
 
     async def all_runs() -> float:
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tasks:
-            for k in range(runs):
+            for k in range(len(scripts)):
                 tasks.start_soon(one, k)
         return time.perf_counter() - t0
 
@@ -441,6 +442,11 @@ def run_concurrent(run_options: Mapping[str, Any], runs: int, calls: int) -> dic
         wall = anyio.run(all_runs)
     except* (RunError, BackendError) as group:  # the runs fail together in the task group
         raise NotAvailable(str(group.exceptions[0])) from None
+    return wall, results
+
+
+def _wrong_runs(results: list[ExecutionResult | None], calls: int) -> list[int]:
+    """The runs that did not make ``calls`` calls and print ``ok <index>``."""
     wrong = []
     for k, result in enumerate(results):
         ok = (
@@ -453,10 +459,91 @@ def run_concurrent(run_options: Mapping[str, Any], runs: int, calls: int) -> dic
             if result is not None and _killed(result):
                 raise ScriptKilled(f"run {k} killed (exit code {result.exit_code})")
             wrong.append(k)
+    return wrong
+
+
+def run_concurrent(run_options: Mapping[str, Any], runs: int, calls: int) -> dict[str, Any]:
+    """``runs`` scripts at once, each making ``calls`` echo calls; every result checked."""
+    options: dict[str, Any] = {
+        "tools": BENCH_TOOLS,
+        "registry": bench_registry(),
+        "max_tool_calls": calls,
+        "spill_dir": _spill_dir(),
+        "timeout": 300,
+        **run_options,
+    }
+    wall, results = _run_at_once([concurrent_script(k, calls) for k in range(runs)], options)
+    wrong = _wrong_runs(results, calls)
     durations = [r.duration_seconds for r in results if r is not None]
     return {
         "wall_s": wall,
         "run_s": durations,
         "correct": runs - len(wrong),
         "wrong": [_describe(results[k]) for k in wrong[:3]],
+    }
+
+
+# -- Many runs at once (issue #12, target 4) ---------------------------------------------
+def many_script(run_index: int, threads: int, calls: int) -> str:
+    """``threads`` threads, each making ``calls`` calls and checking every answer."""
+    return f"""import threading
+from hermes_tools import {PLAIN_ECHO} as echo
+
+failures = []
+
+
+def caller(t):
+    for i in range({calls}):
+        msg = "{run_index}-%d-%d" % (t, i)
+        reply = echo(msg=msg)
+        if reply != {{"msg": msg}}:
+            failures.append("thread %d, call %d: %r" % (t, i, reply))
+            return
+
+
+workers = [threading.Thread(target=caller, args=(t,)) for t in range({threads})]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+if failures:
+    raise SystemExit("wrong answers: %r" % (failures[:3],))
+print("ok {run_index}")
+"""
+
+
+def host_counts() -> dict[str, float]:
+    """This process's resident set (MB), open file descriptors and threads, after a
+    garbage collection (what a finished round still holds, not what it left to free)."""
+    gc.collect()
+    process = psutil.Process()
+    return {
+        "rss_mb": process.memory_info().rss / 1e6,
+        "fds": process.num_fds(),
+        "threads": process.num_threads(),
+    }
+
+
+def run_many(run_options: Mapping[str, Any], runs: int, threads: int, calls: int) -> dict[str, Any]:
+    """One round: ``runs`` scripts at once, each with ``threads`` threads making
+    ``calls`` plain echo calls apiece, every answer checked; then the host's counts."""
+    total = threads * calls
+    options: dict[str, Any] = {
+        "tools": (PLAIN_ECHO,),
+        "registry": bench_registry(),
+        "max_tool_calls": total,
+        "spill_dir": _spill_dir(),
+        "timeout": 300,
+        **run_options,
+    }
+    scripts = [many_script(k, threads, calls) for k in range(runs)]
+    wall, results = _run_at_once(scripts, options)
+    wrong = _wrong_runs(results, total)
+    return {
+        "wall_s": wall,
+        "calls": runs * total,
+        "correct": runs - len(wrong),
+        "runs": runs,
+        "wrong": [_describe(results[k]) for k in wrong[:3]],
+        **host_counts(),
     }

@@ -234,6 +234,33 @@ def build_targets() -> list[Target]:
             Figure("warm.floor.docker", "p50_ms", " ms"),
         )
     )
+    # Many runs at once (issue #12, target 4). Flat: the host's counts after the last
+    # round against those after round 2 (the first warms imports and thread pools).
+    many_files = "many.files.local"
+    targets += [
+        Target(
+            "many-files-vs-unix",
+            "Many runs at once over files: wall time within 1.5x of the Unix socket's",
+            Figure(many_files, "wall_p50_s", " s", digits=2),
+            "<=",
+            1.5,
+            Figure("many.unix.local", "wall_p50_s", " s", digits=2),
+        ),
+        Target(
+            "many-flat",
+            "Many runs at once: host RSS grows less than 32 MB from round 2 to the last",
+            Figure(many_files, "rss_growth_mb", " MB"),
+            "<",
+            32.0,
+        ),
+        Target(
+            "many-flat-fds",
+            "Many runs at once: no more open fds after the last round than after round 2",
+            Figure(many_files, "fd_growth", " fds", digits=0),
+            "<=",
+            0.0,
+        ),
+    ]
     return targets
 
 

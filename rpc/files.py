@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import stat
+import struct
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -61,32 +62,44 @@ POLL_MIN, POLL_MAX = 0.0005, 0.01
 FILE_THREADS = 2
 
 _IN_MOVED_TO = 0x00000080
-_IN_CLOSE_WRITE = 0x00000008
+_IN_Q_OVERFLOW = 0x00004000
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 
 
 class _Inotify:
     """The few inotify calls needed, through libc (Linux). ``fd`` is readable when
-    something was renamed or written into the watched directory."""
+    something was renamed into the watched directory (a request, or a reply of ours)."""
 
     def __init__(self, directory: str) -> None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-        mask = _IN_MOVED_TO | _IN_CLOSE_WRITE
-        if libc.inotify_add_watch(self.fd, os.fsencode(directory), mask) < 0:
+        if libc.inotify_add_watch(self.fd, os.fsencode(directory), _IN_MOVED_TO) < 0:
             error = ctypes.get_errno()
             os.close(self.fd)
             raise OSError(error, f"inotify_add_watch {directory} failed")
 
-    def drain(self) -> None:
-        try:
-            while os.read(self.fd, 65536):
-                pass
-        except BlockingIOError:
-            pass
+    def names(self) -> set[str] | None:
+        """The names renamed into the directory since the last call (never blocks);
+        None if the kernel dropped events (the queue overflowed): look at everything."""
+        found: set[str] | None = set()
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset < len(data):
+                _wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size
+                if mask & _IN_Q_OVERFLOW:
+                    found = None
+                elif found is not None:
+                    found.add(os.fsdecode(data[offset : offset + size].rstrip(b"\0")))
+                offset += size
 
     def close(self) -> None:
         os.close(self.fd)
@@ -131,6 +144,8 @@ class FileChannel:
         # Entries refused and not removable (a non-empty directory): never looked at again.
         self._ignored: set[tuple[str, int]] = set()
         self._replies: OrderedDict[str, bytes] = OrderedDict()
+        self._outbox: list[tuple[str, bytes]] = []  # replies waiting for the writer
+        self._outbox_filled = anyio.Event()
         self.requests_served = 0
 
     def open(self) -> None:
@@ -264,7 +279,7 @@ class FileChannel:
 
     def _take(self, name: str) -> tuple[str, bytes | dict[str, Any]] | None:
         """What to do with one entry: (key, request bytes or refusal), or None to skip."""
-        if name.startswith(".") or name.endswith(REPLY_SUFFIX):
+        if not _may_be_request(name):
             return None  # a temporary file, or a reply not yet collected
         key = name[: -len(REQUEST_SUFFIX)] if name.endswith(REQUEST_SUFFIX) else ""
         try:
@@ -292,14 +307,18 @@ class FileChannel:
             reason = exc.strerror or type(exc).__name__
             return key, messages.error_reply(None, messages.BAD_FRAME, f"unreadable: {reason}")
 
-    def _take_all(self) -> tuple[int, bool, list[tuple[str, bytes | dict[str, Any]]]]:
-        """Take the requests present, up to the run's cap on buffered bytes: (entries
-        seen, whether some were left for the next scan, what was taken)."""
-        with os.scandir(self._fd) as entries:
-            names = sorted(entry.name for entry in entries)
-        taken = []
+    def _take_all(
+        self, names: set[str] | None
+    ) -> tuple[int, bool, list[tuple[str, bytes | dict[str, Any]]]]:
+        """Take the requests among ``names`` (None: every entry of the directory), up
+        to the run's cap on buffered bytes: (entries seen, whether some were left for
+        the next scan, what was taken)."""
+        if names is None:
+            with os.scandir(self._fd) as entries:
+                names = {entry.name for entry in entries}
+        taken: list[tuple[str, bytes | dict[str, Any]]] = []
         held = 0
-        for name in names:
+        for name in sorted(names):
             if held >= self._server.max_buffered_bytes:
                 return len(names), True, taken
             item = self._take(name)
@@ -337,7 +356,21 @@ class FileChannel:
             frame = self._answer(key, await self._server.reply_later(request))
         finally:
             self._in_flight.discard(key)
-        await self._in_thread(self._write_reply, key, frame)
+        self._send([(key, frame)])
+
+    def _send(self, replies: list[tuple[str, bytes]]) -> None:
+        self._outbox += replies
+        self._outbox_filled.set()
+
+    async def _write_outbox(self) -> None:
+        """Write the replies as they come, until cancelled: those that come while a
+        batch is written go in the next, so many calls answered at once cost one thread
+        hop, not one each."""
+        while True:
+            await self._outbox_filled.wait()
+            self._outbox_filled = anyio.Event()
+            batch, self._outbox = self._outbox, []
+            await self._in_thread(self._write_replies, batch)
 
     def _serve(
         self, key: str, taken: bytes | dict[str, Any], tasks: anyio.abc.TaskGroup
@@ -371,17 +404,20 @@ class FileChannel:
             return None
         return self._answer(key, item)
 
-    async def scan(self, tasks: anyio.abc.TaskGroup) -> tuple[int, bool]:
-        """Serve the request files present: how many entries there were, and whether
-        some were left for the next scan (the run's cap on buffered bytes)."""
-        count, more, taken = await self._in_thread(self._take_all)
+    async def scan(
+        self, tasks: anyio.abc.TaskGroup, names: set[str] | None = None
+    ) -> tuple[int, bool]:
+        """Serve the request files among ``names`` (None: every entry): how many
+        entries there were, and whether some were left for the next scan (the run's cap
+        on buffered bytes)."""
+        count, more, taken = await self._in_thread(self._take_all, names)
         replies = []
         for key, item in taken:
             frame = self._serve(key, item, tasks)
             if frame is not None:
                 replies.append((key, frame))
         if replies:
-            await self._in_thread(self._write_replies, replies)
+            self._send(replies)
         return int(count), bool(more)
 
     async def run(self) -> None:
@@ -389,22 +425,44 @@ class FileChannel:
         watcher = _watcher(self.watch_path)
         try:
             async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._write_outbox)
                 delay = POLL_MIN
+                names: set[str] | None = None  # the first scan looks at everything
                 while True:
-                    if watcher is not None:
-                        watcher.drain()  # before scanning: what comes after wakes us
-                    busy, more = await self.scan(tasks)
+                    busy, more = await self.scan(tasks, names)
                     if more:
+                        names = None
                         continue
-                    if watcher is not None:
-                        with anyio.move_on_after(SAFETY_RESCAN):
-                            await anyio.wait_readable(watcher.fd)
-                    else:
+                    if watcher is None:
                         delay = POLL_MIN if busy else min(delay * 2, POLL_MAX)
                         await anyio.sleep(delay)
+                        continue
+                    names = await _renamed(watcher)
+
         finally:
             if watcher is not None:
                 watcher.close()
+
+
+async def _renamed(watcher: _Inotify) -> set[str] | None:
+    """The names that may be requests, once renames bring some; None (look at every
+    entry) if the kernel dropped events or nothing came within SAFETY_RESCAN. The
+    renames of the host's own replies are read and passed over without a scan."""
+    with anyio.move_on_after(SAFETY_RESCAN):
+        while True:
+            await anyio.wait_readable(watcher.fd)
+            names = watcher.names()
+            if names is None:
+                return None
+            names = {n for n in names if _may_be_request(n)}
+            if names:
+                return names
+    return None
+
+
+def _may_be_request(name: str) -> bool:
+    """Whether an entry needs the host's look: anything but a temporary name or a reply."""
+    return not name.startswith(".") and not name.endswith(REPLY_SUFFIX)
 
 
 @asynccontextmanager

@@ -5,6 +5,7 @@
 import itertools as _itertools
 import json as _json
 import os as _os
+import select as _select
 import shlex as _shlex
 import socket as _socket
 import struct as _struct
@@ -164,17 +165,83 @@ class _Connection(object):
             pass
 
 
+class _ReplyWatch(object):
+    """inotify on the call directory (Linux, through ctypes): the names of the files
+    renamed into it, so a waiting caller wakes when its reply lands instead of polling.
+    Raises OSError (or ImportError, AttributeError) where there is no inotify."""
+
+    _IN_MOVED_TO = 0x80
+    _IN_Q_OVERFLOW = 0x4000
+    _EVENT = _struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
+
+    def __init__(self, directory):
+        import ctypes  # here: an interpreter without ctypes polls instead
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(_os.O_NONBLOCK | _os.O_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        if libc.inotify_add_watch(fd, _os.fsencode(directory), self._IN_MOVED_TO) < 0:
+            error = ctypes.get_errno()
+            _os.close(fd)
+            raise OSError(error, "inotify_add_watch failed")
+        self.fd = fd
+        self._poll = _select.poll()  # not select(): descriptors past 1024 are fine
+        self._poll.register(fd, _select.POLLIN)
+
+    def names(self, timeout):
+        """The names renamed into the directory since the last call, waiting up to
+        ``timeout`` seconds for the first; None if the kernel dropped some (look at all)."""
+        if timeout > 0 and not self._poll.poll(timeout * 1000):
+            return set()
+        found = set()
+        while True:
+            try:
+                data = _os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset < len(data):
+                _wd, mask, _cookie, size = self._EVENT.unpack_from(data, offset)
+                offset += self._EVENT.size
+                if mask & self._IN_Q_OVERFLOW:
+                    found = None
+                elif found is not None:
+                    found.add(data[offset : offset + size].rstrip(b"\0").decode("utf-8", "replace"))
+                offset += size
+
+    def close(self):
+        _os.close(self.fd)
+
+
 class _FileConnection(object):
     """Calls as request and reply files in a directory the host watches (the files
-    transport): each call writes <key>.req atomically and waits for <key>.rep. Calls
-    share nothing, so threads need no coordination; the key carries the pid, so a
-    forked child's calls never collide with its parent's."""
+    transport): each call writes <key>.req atomically and waits for <key>.rep. The key
+    carries the pid, so a forked child's calls never collide with its parent's.
+
+    One waiting thread at a time looks for replies, for every waiting call of this
+    process, and hands each to its caller (leader/follower): it sleeps on inotify where
+    the kernel reports the directory's renames, else it polls the directory with one
+    listing per look, however many calls wait. A look that finds a reply inotify did not
+    report (a shared filesystem that does not tell) turns inotify off for good.
+    """
+
+    _SAFETY_LOOK = 0.05  # with inotify: look anyway this often (an unreported rename)
+    _POLL_MIN, _POLL_MAX = 0.0001, 0.005
 
     def __init__(self, directory, token):
         self._directory = directory
         self._token = token
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
+        self._cond = _threading.Condition(_threading.Lock())
+        self._waiting = set()  # reply file names of the calls still waiting
+        self._arrived = {}  # reply file name -> its bytes, or the OSError reading it
+        self._looking = False
+        try:
+            self._watch = _ReplyWatch(directory)
+        except Exception:  # no inotify here (not Linux, no ctypes, a full watch table)
+            self._watch = None
 
     def call(self, tool, args):
         request_id = next(self._ids)
@@ -183,31 +250,25 @@ class _FileConnection(object):
         refused = _over_cap(request_id, body)
         if refused is not None:
             return refused
-        path = _os.path.join(self._directory, key)
+        reply_name = key + ".rep"
         temporary = _os.path.join(self._directory, "." + key + ".req.tmp")
+        with self._cond:
+            self._waiting.add(reply_name)  # before the request: its reply may be quick
         try:
             with open(temporary, "wb") as f:
                 f.write(_HEADER.pack(len(body)) + body)
-            _os.rename(temporary, path + ".req")
+            _os.rename(temporary, _os.path.join(self._directory, key + ".req"))
         except OSError as exc:
+            with self._cond:
+                self._waiting.discard(reply_name)
             raise ToolCallError(
                 "cannot write the request in %s: %s" % (self._directory, exc)
             ) from None
-        delay = 0.0001
-        while True:  # the host answers every request; the run's timeout bounds this
-            try:
-                with open(path + ".rep", "rb") as f:
-                    data = f.read()
-                break
-            except FileNotFoundError:
-                _time.sleep(delay)
-                delay = min(delay * 1.5, 0.005)
-            except OSError as exc:
-                raise ToolCallError("cannot read the reply: %s" % (exc,)) from None
-        try:
-            _os.unlink(path + ".rep")
-        except OSError:
-            pass
+        data = self._wait(
+            reply_name
+        )  # the host answers every request; the run's timeout bounds this
+        if isinstance(data, OSError):
+            raise ToolCallError("cannot read the reply: %s" % (data,))
         try:
             (size,) = _HEADER.unpack_from(data)
             reply = _unpack(data[4 : 4 + size])
@@ -217,8 +278,83 @@ class _FileConnection(object):
             raise ToolCallError("the host's reply is not a map")
         return reply
 
+    def _wait(self, reply_name):
+        with self._cond:
+            while reply_name not in self._arrived:
+                if not self._looking:
+                    self._looking = True
+                    break
+                self._cond.wait()
+            else:
+                return self._arrived.pop(reply_name)
+        try:
+            return self._look_until(reply_name)
+        finally:
+            with self._cond:
+                self._looking = False
+                self._cond.notify_all()  # a caller still waiting takes over the looking
+
+    def _look_until(self, reply_name):
+        delay = self._POLL_MIN
+        while True:
+            with self._cond:
+                mine = self._arrived.pop(reply_name, None)
+            if mine is not None:
+                return mine
+            watch = self._watch
+            if watch is None:
+                found = self._listed()
+                if not found:
+                    _time.sleep(delay)
+                    delay = min(delay * 1.5, self._POLL_MAX)
+                    continue
+                delay = self._POLL_MIN
+            else:
+                found = watch.names(self._SAFETY_LOOK)
+                if not found:  # nothing reported (None: the kernel dropped some): look
+                    listed = self._listed()
+                    reported = watch.names(0) if listed else set()
+                    if reported is not None and not listed <= reported:
+                        self._watch = None  # renames here are not reported: poll
+                        watch.close()
+                    found = listed | (reported or set())
+            self._collect(found)
+
+    def _listed(self):
+        try:
+            names = _os.listdir(self._directory)
+        except OSError:
+            return set()
+        with self._cond:
+            return self._waiting.intersection(names)
+
+    def _collect(self, names):
+        """Read and remove the reply files among ``names`` that calls wait for, and
+        hand each to its caller."""
+        with self._cond:
+            names = self._waiting.intersection(names)
+        for name in names:
+            path = _os.path.join(self._directory, name)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                data = exc
+            try:
+                _os.unlink(path)
+            except OSError:
+                pass
+            with self._cond:
+                self._waiting.discard(name)
+                self._arrived[name] = data
+                self._cond.notify_all()
+
     def close(self):
-        pass
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
 
 
 _connection = None
@@ -252,6 +388,8 @@ def _connect():
 def _forget_connection():
     # After os.fork() the child must not share its parent's socket and read turn.
     global _connection, _connection_lock
+    if isinstance(_connection, _FileConnection):
+        _connection.close()  # the child's copy of the parent's inotify descriptor
     _connection = None
     _connection_lock = _threading.Lock()
 

@@ -42,6 +42,8 @@ REQUIRED_ROWS = [
     "memory.local",
     "concurrent.local.n8",
     "concurrent.local.n32",
+    "many.unix.local",
+    "many.files.local",
     *(
         f"payload.{transport}.local.{size}"
         for transport in ("unix", "relay", "files")
@@ -64,6 +66,8 @@ MUST_RUN = [
     "memory.local",
     "concurrent.local.n8",
     "concurrent.local.n32",
+    "many.unix.local",
+    "many.files.local",
     "payload.unix.local.1MiB",
     "payload.unix.local.10MiB",
     "payload.baseline.jsonl.1MiB",
@@ -113,6 +117,8 @@ def test_quick_benchmark_reports_every_row(tmp_path: Path) -> None:
         assert rows[row_id]["status"] == "ok", rows[row_id]
     assert rows["rtt.unix.local.c1"]["figures"]["p50_us"] > 0
     assert rows["concurrent.local.n32"]["figures"]["all_correct"]
+    assert rows["many.files.local"]["figures"]["all_correct"]
+    assert rows["many.unix.local"]["figures"]["all_correct"]
     assert rows["memory.local"]["figures"]["result_json_bytes"] > 0
 
     assert results["targets"]

@@ -9,9 +9,11 @@ sent again under the same key never runs its tool twice.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,13 +23,16 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import msgpack
+import psutil
 import pytest
 
+from hermes_sandbox import execute_code_async
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
 from hermes_sandbox.rpc.files import FileChannel, serve_files
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.tools.registry import ToolRegistry
 
 TOKEN = "files-token"
 REPLY_TIMEOUT = 5.0
@@ -228,3 +233,63 @@ async def test_a_symlinked_request_is_not_followed(tmp_path: Path) -> None:
     assert handler.calls == []
     assert secret.exists()  # the link was removed, not its target
     secret.unlink()
+
+
+ROUNDS_SCRIPT = """
+import threading
+from hermes_tools import echo
+
+def work(t):
+    for i in range(5):
+        assert echo(text="%d-%d" % (t, i)) == {"text": "%d-%d" % (t, i)}
+
+threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ok")
+"""
+
+
+@pytest.mark.anyio
+async def test_rounds_of_runs_leave_no_descriptors_or_threads_behind() -> None:
+    """Four rounds of four runs at once over files, in one event loop (a long-lived
+    host): the host's open descriptors after each round stay those after the first
+    (each run's inotify watch and directory handle are closed), and so do its threads
+    other than anyio's pooled workers."""
+    registry = ToolRegistry()
+    registry.register(
+        "echo",
+        "test",
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        lambda args: json.dumps(args),
+    )
+    process = psutil.Process()
+    counts = []
+    for _ in range(4):
+        results: list[Any] = []
+
+        async def one(results: list[Any] = results) -> None:
+            result = await execute_code_async(
+                ROUNDS_SCRIPT, transport="files", tools=["echo"], registry=registry
+            )
+            results.append(result)
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(4):
+                tasks.start_soon(one)
+        assert [(r.status, r.output.strip(), r.tool_calls_made) for r in results] == [
+            ("success", "ok", 15)
+        ] * 4, [r.to_dict() for r in results]
+        gc.collect()
+        # anyio's pooled workers stay for a while, as many as the busiest moment needed.
+        own = [t.name for t in threading.enumerate() if t.name != "AnyIO worker thread"]
+        counts.append((process.num_fds(), sorted(own)))
+    fds = [c[0] for c in counts]
+    threads = [c[1] for c in counts]
+    assert fds[1:] == [fds[0]] * 3, f"open descriptors after each round: {fds}"
+    assert threads[1:] == [threads[0]] * 3, f"threads after each round: {threads}"

@@ -28,6 +28,8 @@ import pytest
 
 from hermes_sandbox import stubs
 from hermes_sandbox.gate import ToolCallBudget, ToolGate
+from hermes_sandbox.rpc import files as files_transport
+from hermes_sandbox.rpc.files import FileChannel
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.rpc.unix import serve_unix_socket
 from hermes_sandbox.stubs.generate import StubError, generate_stub, tool_function_source
@@ -668,3 +670,74 @@ def test_odd_schemas_compile_or_are_refused(entry: dict[str, Any]) -> None:
         return
     compile(source, "hermes_tools.py", "exec")
     ast.parse(source, feature_version=(3, 8))
+
+
+# -- over request files (the files transport) ------------------------------------------
+
+FILES_SCRIPT = """
+    import json, os, threading
+    import hermes_tools
+
+    results = {}
+
+    def work(i):
+        results[i] = [hermes_tools.echo("t%d-%d" % (i, k), tag=k) for k in range(5)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        os.write(write_end, json.dumps(hermes_tools.echo("child")).encode())
+        os._exit(0)
+    os.close(write_end)
+    child = json.loads(os.read(read_end, 65536).decode())
+    os.waitpid(pid, 0)
+    watching = hermes_tools._connection._watch is not None
+    print(json.dumps({"results": results, "child": child, "watching": watching}))
+"""
+
+
+class LinkingChannel(FileChannel):
+    """A host whose replies land by link(), which inotify's rename watch does not
+    report: what a shared filesystem that reports nothing looks like to the client."""
+
+    def _write_reply(self, key: str, frame: bytes) -> None:
+        temporary = f".{key}.linked"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=self._fd)
+        try:
+            os.write(fd, frame)
+        finally:
+            os.close(fd)
+        os.link(temporary, key + ".rep", src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        os.unlink(temporary, dir_fd=self._fd)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["inotify", "no ctypes", "renames not reported"])
+async def test_files_threads_and_a_forked_child_each_get_their_own_answer(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    if mode == "no ctypes":  # shadows the stdlib module: the client must poll
+        (directory / "ctypes.py").write_text("raise ImportError('no ctypes here')\n")
+    if mode == "renames not reported":
+        monkeypatch.setattr(files_transport, "FileChannel", LinkingChannel)
+    calls = tmp_path / "calls"
+    calls.mkdir(mode=0o700)
+    server = RPCServer(host.gate, token=TOKEN)
+    async with files_transport.serve_files(server, str(calls)):
+        env = script_env(None, HERMES_RPC_DIR=str(calls))
+        out = (await run_python(directory, FILES_SCRIPT, env)).result()
+    assert out["results"] == {
+        str(i): [{"text": f"t{i}-{k}", "tag": k} for k in range(5)] for i in range(10)
+    }
+    assert out["child"] == {"text": "child"}
+    assert host.gate.calls_made == 51
+    assert out["watching"] is (mode == "inotify")
+    assert sorted(os.listdir(calls)) == []  # every reply collected, nothing left
