@@ -233,9 +233,8 @@ def run_cli_cold(runs: int) -> dict[str, Any]:
     return figures
 
 
-def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
-    """``print(1)`` in a warm :class:`Session` and as a one-shot run beside it (the
-    baseline), interleaved, ``runs`` each; one untimed run of each first."""
+def _started_session(run_options: Mapping[str, Any]) -> Session:
+    """A started :class:`Session` with no tools (NotAvailable where it cannot start)."""
     options: dict[str, Any] = {"registry": bench_registry(), "tools": (), "timeout": 300}
     options.update(run_options)
     try:
@@ -243,6 +242,13 @@ def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
         session.start()
     except (RunError, BackendError) as exc:
         raise NotAvailable(str(exc)) from exc
+    return session
+
+
+def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
+    """``print(1)`` in a warm :class:`Session` and as a one-shot run beside it (the
+    baseline), interleaved, ``runs`` each; one untimed run of each first."""
+    session = _started_session(run_options)
     warm_ms: list[float] = []
     one_shot_ms: list[float] = []
 
@@ -274,13 +280,7 @@ def run_warm(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
 def run_session(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
     """``print(1)`` in a warm :class:`Session`, ``runs`` times, each timed from the call
     to its result; one untimed run first. Beside a floor row (``warm.floor.docker``)."""
-    options: dict[str, Any] = {"registry": bench_registry(), "tools": (), "timeout": 300}
-    options.update(run_options)
-    try:
-        session = Session(**options)
-        session.start()
-    except (RunError, BackendError) as exc:
-        raise NotAvailable(str(exc)) from exc
+    session = _started_session(run_options)
     times: list[float] = []
     with session:
         for i in range(runs + 1):
