@@ -22,6 +22,7 @@ import functools
 import os
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,7 +33,7 @@ import anyio.to_thread
 
 from hermes_sandbox import threads
 from hermes_sandbox.rpc.errors import FrameError
-from hermes_sandbox.rpc.framing import HEADER_SIZE, encode_frame
+from hermes_sandbox.rpc.framing import encode_frame
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import (
     LINGER_SECONDS,
@@ -176,20 +177,22 @@ class _ThreadedConnection:
     def _linger(self) -> None:
         """Close after a refusal without losing it: closing a socket that still has
         unread input resets it, and the peer, still sending the refused frame, would get
-        ECONNRESET instead of the reply. So end our side, read and drop a bounded amount
-        (what the refused frame may still send) for at most LINGER_SECONDS, then shut."""
+        ECONNRESET instead of the reply. So end our side, then read and drop what the
+        peer still sends (nothing is kept) until it ends or LINGER_SECONDS have passed in
+        all, then shut."""
         self._reader.close()
         with self._state:
             self._input_ended = True
-        left = self._server.max_frame_size + HEADER_SIZE
+        deadline = time.monotonic() + LINGER_SECONDS
         try:
             self._sock.shutdown(socket.SHUT_WR)
-            self._sock.settimeout(LINGER_SECONDS)
-            while left > 0 and not self.closed:
-                data = self._sock.recv(min(left, _RECEIVE_CHUNK))
-                if not data:
+            while not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     break
-                left -= len(data)
+                self._sock.settimeout(left)
+                if not self._sock.recv(_RECEIVE_CHUNK):
+                    break
         except OSError:  # a timeout, a reset, or shut at the run's end
             pass
         self.shut()

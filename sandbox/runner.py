@@ -375,7 +375,10 @@ async def open_stage(
         files[RELAY_MODULE] = relay_source().encode()
     if script is not None:
         files.update(script.files)
+    clock = time.monotonic()
     path = await runtime.make_stage("hermes-sandbox-", files, parent=parent)
+    what = "the script" if script is not None else "the stubs"
+    log.info("staged %s in %s in %.2fs", what, path, _since(clock))
     return Stage(runtime, transport, path, dict(base_env))
 
 
