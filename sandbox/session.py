@@ -324,6 +324,10 @@ class AsyncSession:
         if self._kernel_tasks is None:
             raise RunError(NEEDS_ASYNC_WITH)
         if self._kernel is None or not self._kernel.alive:
+            if self._kernel is not None:
+                # One that ended itself (idle, the limit) may still be letting go of
+                # the stage (its socket, its streams): a new one starts after it is gone.
+                await self._kernel.shut_down()
             assert self._stage is not None
             cwd = options.cwd or self._stage.runtime.default_cwd
             kernel = Kernel(self._stage, self._plan, options, cwd)

@@ -24,7 +24,6 @@ carrying only the script's output and exit status (the calls go the shorter way)
 from __future__ import annotations
 
 import dataclasses
-import os
 import posixpath
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -134,22 +133,11 @@ async def _started(environment: Runtime, server: RPCServer, script: Script) -> A
         yield session
 
 
-def _free_socket_path(stage: str) -> str:
-    """``rpc.sock`` in the stage (on this host), or ``rpc-N.sock`` while an earlier
-    launch in the same stage (a persistent interpreter being replaced) still holds it."""
-    path = posixpath.join(stage, SOCKET_NAME)
-    number = 1
-    while os.path.lexists(path):
-        path = posixpath.join(stage, f"rpc-{number}.sock")
-        number += 1
-    return path
-
-
 @asynccontextmanager
 async def launch_unix(
     environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
-    path = _free_socket_path(script.stage)
+    path = posixpath.join(script.stage, SOCKET_NAME)
     async with (
         serve_unix_socket(server, path),
         _started(environment, server, script.with_env(HERMES_RPC_SOCKET=path)) as process,
