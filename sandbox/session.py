@@ -144,10 +144,12 @@ class AsyncSession:
         if not self.persistent:
             await self.start()
             return self
-        async with AsyncExitStack() as stack:
-            self._kernel_tasks = await stack.enter_async_context(anyio.create_task_group())
-            await self.start()
-            self._exit_stack = stack.pop_all()
+        # Started before the interpreters' task group is entered: a failure to start is
+        # raised as itself, not inside the group's ExceptionGroup.
+        await self.start()
+        stack = AsyncExitStack()
+        self._kernel_tasks = await stack.enter_async_context(anyio.create_task_group())
+        self._exit_stack = stack
         return self
 
     async def __aexit__(

@@ -336,3 +336,15 @@ def test_the_interpreter_ends_when_its_host_dies(transport: str) -> None:
     while _running_in(stage) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _running_in(stage) == [], "the interpreter outlived its host"
+
+
+def test_a_backend_that_cannot_start_raises_its_own_error(tmp_path: Any) -> None:
+    """Not an ExceptionGroup from the interpreters' task group: the error says what to do."""
+    from hermes_sandbox import DockerSettings
+    from hermes_sandbox.errors import BackendNotAvailable
+
+    engine = DockerSettings(docker_host=f"unix://{tmp_path}/no-engine.sock")
+    s = Session(persistent=True, backend=engine)
+    with pytest.raises(BackendNotAvailable, match="no container engine answers"):
+        s.start()
+    s.close()
