@@ -254,6 +254,9 @@ class Kernel:
                             self.end_reason = f"it exited with code {self.exit_code}"
                     with anyio.CancelScope(shield=True):
                         await process.kill(self._options.kill_grace)
+                    # The interpreter's request for its next cell is still waiting:
+                    # answer it ("end") now, or the transport's drain waits for it.
+                    self._cells_in.close()
                     pumps.cancel_scope.deadline = anyio.current_time() + DRAIN_SECONDS
                 self.lost = getattr(process, "lost", None)
         except TransportUnavailable as exc:

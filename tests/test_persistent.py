@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +28,7 @@ from test_conformance import (  # noqa: F401 - fixtures, found by name
 )
 from test_sessions import SessionTarget, _container_exists
 
-from hermes_sandbox import AsyncSession, RunError, Session, ToolRegistry
+from hermes_sandbox import AsyncSession, RunError, Session, ToolRegistry, threads
 from hermes_sandbox.execute_code_tool import close_task_session, register_execute_code
 from hermes_sandbox.kernel import LIMITS, set_interpreter_limits
 from hermes_sandbox.tools.registry import ToolContext
@@ -348,3 +349,21 @@ def test_a_backend_that_cannot_start_raises_its_own_error(tmp_path: Any) -> None
     with pytest.raises(BackendNotAvailable, match="no container engine answers"):
         s.start()
     s.close()
+
+
+def test_close_does_not_wait_for_the_interpreters_own_request(
+    held_local: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Between cells the interpreter waits on a request for its next cell. Closing must
+    # answer it, not leave the transport's drain to wait for it: with the drain made
+    # an hour long, a close that waited for it would still be closing after WAIT.
+    monkeypatch.setattr(threads, "TOOL_CALL_DRAIN_SECONDS", 3600.0)
+    for transport in ("unix", "relay", "files"):
+        s = _local(transport=transport)
+        ok(s.run("x = 1"))
+        closing = threading.Thread(target=s.close, daemon=True)
+        closing.start()
+        closing.join(WAIT)
+        assert not closing.is_alive(), f"close() over {transport} waits for the drain"
+        assert s.closed
