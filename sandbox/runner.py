@@ -14,7 +14,6 @@ import posixpath
 import secrets
 import shlex
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
@@ -522,7 +521,8 @@ def run_sinks(options: RunOptions) -> tuple[CappedOutput, CappedOutput]:
 def tool_context(stage: Stage, options: RunOptions, cwd: str) -> ToolContext:
     """What the tools a run calls see: its task, environment, directory and policy."""
     return ToolContext(
-        task_id=options.task_id or uuid.uuid4().hex,
+        # 32 hex digits, as uuid4().hex was, without importing uuid (and platform)
+        task_id=options.task_id or secrets.token_hex(16),
         environment=stage.runtime,
         cwd=cwd,
         approval=options.approval,

@@ -34,8 +34,6 @@ from hermes_sandbox.environments import Runtime
 from hermes_sandbox.environments.exec_stream import helper_failure_text
 from hermes_sandbox.errors import TransportUnavailable
 from hermes_sandbox.rpc import RPCServer, serve_unix_socket
-from hermes_sandbox.rpc.files import serve_files
-from hermes_sandbox.rpc.relay import RelayError, RelaySession
 from hermes_sandbox.stubs import RELAY_MODULE
 
 SOCKET_NAME = "rpc.sock"
@@ -76,6 +74,8 @@ async def _under_relay(
 ) -> AsyncIterator[Any]:
     """The script started by the relay in the sandbox; with ``socket_path`` the relay
     listens there and carries the script's calls to ``server`` too."""
+    from hermes_sandbox.rpc.relay import RelayError, RelaySession  # only relay runs need it
+
     # In the script's working directory: where the relay is contained (local under
     # bwrap), that directory is what the script may write.
     # The relay removes the stage when its input ends (this host process is gone).
@@ -149,6 +149,8 @@ async def launch_unix(
 async def launch_files(
     environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
+    from hermes_sandbox.rpc.files import serve_files  # only files runs need it
+
     # Made by the sandbox's user, who must write there (the host can, as its owner or
     # as root): the stage is in the shared directory, so the host sees it at this path.
     directory = await environment.make_private_dir(FILES_DIR_PREFIX, parent=script.stage)

@@ -39,6 +39,13 @@ NOT_IMPORTED = (
     "hermes_sandbox.openai_loop",
     "hermes_sandbox.environments.docker",
     "hermes_sandbox.environments.ssh",
+    # The other transports' servers (and ctypes, which rpc.files brings).
+    "hermes_sandbox.rpc.files",
+    "hermes_sandbox.rpc.relay",
+    "ctypes",
+    # A run's task id is secrets.token_hex: uuid would bring platform.
+    "uuid",
+    "platform",
 )
 
 # The console script's entry point, run in-process; then sys.modules, into a file
