@@ -21,20 +21,22 @@ from hermes_sandbox.environments.base import (
     SandboxProcess,
 )
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
-from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.local import LocalSettings
 from hermes_sandbox.environments.settings import BackendSettings
 
 if TYPE_CHECKING:
     from hermes_sandbox.environments.daytona.settings import DaytonaSettings
     from hermes_sandbox.environments.docker.settings import DockerSettings
+    from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
     from hermes_sandbox.environments.modal.settings import ModalSettings
     from hermes_sandbox.environments.singularity.settings import SingularitySettings
     from hermes_sandbox.environments.ssh.settings import SSHSettings
 
 # The other backends' settings classes, imported at first use (PEP 562): a run on one
-# backend does not import the others' modules.
-_LAZY_SETTINGS = {
+# backend does not import the others' modules. ExecStreamEnvironment too: the local
+# backend spawns its scripts itself.
+_LAZY_NAMES = {
+    "ExecStreamEnvironment": "hermes_sandbox.environments.exec_stream",
     "DaytonaSettings": "hermes_sandbox.environments.daytona.settings",
     "DockerSettings": "hermes_sandbox.environments.docker.settings",
     "ModalSettings": "hermes_sandbox.environments.modal.settings",
@@ -44,7 +46,7 @@ _LAZY_SETTINGS = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY_SETTINGS.get(name)
+    module = _LAZY_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermes_sandbox.environments import Runtime
-from hermes_sandbox.environments.exec_stream import helper_failure_text
 from hermes_sandbox.errors import TransportUnavailable
 from hermes_sandbox.rpc import RPCServer, serve_unix_socket
 from hermes_sandbox.stubs import RELAY_MODULE
@@ -74,7 +73,8 @@ async def _under_relay(
 ) -> AsyncIterator[Any]:
     """The script started by the relay in the sandbox; with ``socket_path`` the relay
     listens there and carries the script's calls to ``server`` too."""
-    from hermes_sandbox.rpc.relay import RelayError, RelaySession  # only relay runs need it
+    from hermes_sandbox.environments.exec_stream import helper_failure_text
+    from hermes_sandbox.rpc.relay import RelayError, RelaySession  # only relay runs need them
 
     # In the script's working directory: where the relay is contained (local under
     # bwrap), that directory is what the script may write.

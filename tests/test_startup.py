@@ -19,6 +19,7 @@ from test_cli import cli_env
 
 import hermes_sandbox
 import hermes_sandbox.environments as environments
+import hermes_sandbox.environments.exec_stream as exec_stream
 from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.tools import load_builtin_tools, registry
 from hermes_sandbox.tools.approval import DANGEROUS_PATTERNS
@@ -39,7 +40,9 @@ NOT_IMPORTED = (
     "hermes_sandbox.openai_loop",
     "hermes_sandbox.environments.docker",
     "hermes_sandbox.environments.ssh",
-    # The other transports' servers (and ctypes, which rpc.files brings).
+    # The other transports' servers (and ctypes, which rpc.files brings), and the
+    # exec-stream machinery the relay runs over: local spawns its scripts itself.
+    "hermes_sandbox.environments.exec_stream",
     "hermes_sandbox.rpc.files",
     "hermes_sandbox.rpc.relay",
     "ctypes",
@@ -131,6 +134,7 @@ def test_public_names_resolve_lazily() -> None:
         assert getattr(hermes_sandbox, name) is not None, name
     assert set(hermes_sandbox.__all__) <= set(dir(hermes_sandbox))
     assert hermes_sandbox.DockerSettings is environments.DockerSettings
+    assert environments.ExecStreamEnvironment is exec_stream.ExecStreamEnvironment
     assert environments.SSHSettings.backend == "ssh"
     with pytest.raises(AttributeError):
         _ = hermes_sandbox.no_such_name
