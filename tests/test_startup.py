@@ -46,6 +46,10 @@ NOT_IMPORTED = (
     "hermes_sandbox.rpc.files",
     "hermes_sandbox.rpc.relay",
     "ctypes",
+    # The patch engine: the patch tool registers with its schema alone.
+    "hermes_sandbox.tools.patch_format",
+    "hermes_sandbox.tools.patch_plan",
+    "hermes_sandbox.tools.patch_hunks",
     # A run's task id is secrets.token_hex: uuid would bring platform.
     "uuid",
     "platform",

@@ -9,11 +9,9 @@ patch_plan; shared pieces (PatchError, loading a file, diffs) are in patch_text.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes_sandbox.tools.handler_args import bool_arg
-from hermes_sandbox.tools.patch_format import BEGIN, END, parse_patch
-from hermes_sandbox.tools.patch_plan import Step, make_plan, plan_patch
 from hermes_sandbox.tools.patch_text import (
     MAX_DIFF_CHARS,
     MAX_PATCH_FILE_BYTES,
@@ -31,6 +29,9 @@ from hermes_sandbox.tools.patch_text import (
     with_eol,
 )
 from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
+
+if TYPE_CHECKING:
+    from hermes_sandbox.tools.patch_plan import Step
 
 __all__ = ["MAX_DIFF_CHARS", "MAX_PATCH_FILE_BYTES", "PATCH_SCHEMA", "PatchError", "patch"]
 
@@ -216,6 +217,11 @@ def _describe(step: Step) -> str:
 
 
 async def _apply_patch(args: dict[str, Any], ctx: ToolContext) -> str:
+    # The patch engine is imported at the first patch: registering the tool, which every
+    # run does, needs only its schema.
+    from hermes_sandbox.tools.patch_format import BEGIN, END, parse_patch
+    from hermes_sandbox.tools.patch_plan import make_plan, plan_patch
+
     text = args.get("patch")
     if not isinstance(text, str) or not text.strip():
         raise PatchError(f"patch mode needs patch, the patch text from '{BEGIN}' to '{END}'")
