@@ -157,6 +157,57 @@ class Envelope:
         return Request(request_id, tool, args, self.token)
 
 
+def token_suffix(token: bytes) -> bytes | None:
+    """The bytes a well-formed request from the stub client ends with: its last entry,
+    ``"token": <token>``, as msgpack packs it (see :func:`quick_request`); None for an
+    empty token, which refuses everything."""
+    if not token:
+        return None
+    return msgpack.packb("token") + msgpack.packb(token.decode("utf-8", "surrogatepass"))
+
+
+def quick_request(body: bytes, suffix: bytes | None, token: str) -> Request | None:
+    """The request in ``body`` when it has the common shape, else None (the caller
+    then takes the careful path, :meth:`Envelope.parse` and :meth:`Envelope.request`,
+    which gives every refusal its exact reason).
+
+    The common shape: a small body that ends with the run's token as its last entry
+    (``suffix``, from :func:`token_suffix`), compared in constant time *before* any of
+    it is decoded, and that decodes to exactly the four fields, each valid. A body no
+    longer than the token entry plus :data:`MAX_ARG_DEPTH` bytes cannot pass the
+    argument limits of :func:`decode_args` (each value and each level of nesting takes
+    a byte), so msgpack may build it at once, the one C call saving the walk.
+    """
+    if suffix is None or len(body) - len(suffix) > MAX_ARG_DEPTH or len(body) <= len(suffix):
+        return None
+    if not hmac.compare_digest(body[-len(suffix) :], suffix):
+        return None
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=False, max_ext_len=0)
+    except Exception:
+        return None
+    if type(message) is not dict or len(message) != 4:
+        return None
+    request_id = message.get("id")
+    tool = message.get("tool")
+    args = message.get("args")
+    # The suffix may have been the end of another value (an argument's text): the
+    # token entry itself must match too. (Not secret any more: the body holds it.)
+    if message.get("token") != token:
+        return None
+    if (
+        type(request_id) is not int
+        or not 0 <= request_id <= _MAX_ID
+        or type(tool) is not str
+        or not tool
+        or len(tool) > MAX_TOOL_NAME
+        or type(args) is not dict
+        or not all(type(k) is str for k in args)
+    ):
+        return None
+    return Request(request_id, tool, args, token)
+
+
 def decode_args(data: bytes | memoryview) -> Any:
     """Decode a request's arguments at a cost bounded whatever the bytes hold.
 

@@ -98,6 +98,8 @@ class RPCServer:
             handler, "answer_blocking", None
         )
         self._token = token.encode()
+        self._token_text = token
+        self._token_suffix = messages.token_suffix(self._token)
         self.max_frame_size = max_frame_size
         self.max_connections = max_connections
         self.max_buffered_bytes = (
@@ -125,6 +127,9 @@ class RPCServer:
         :class:`FrameError` for a body that is not a valid msgpack map: the caller
         answers with :meth:`framing_refusal` and closes the connection.
         """
+        request = messages.quick_request(body, self._token_suffix, self._token_text)
+        if request is not None:
+            return request
         envelope = Envelope.parse(body)
         try:
             return envelope.request(self._token)

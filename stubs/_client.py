@@ -35,9 +35,9 @@ def _max_frame():
         return None
 
 
-def _over_cap(request_id, body):
-    """The error reply for a request the host would refuse as too large, or None."""
-    limit = _max_frame()
+def _over_cap(request_id, body, limit):
+    """The error reply for a request the host would refuse as too large (over
+    ``limit``, from :func:`_max_frame`), or None."""
     if limit is None or len(body) <= limit:
         return None
     message = (
@@ -63,6 +63,7 @@ class _Connection(object):
     def __init__(self, sock, token):
         self._sock = sock
         self._token = token
+        self._max_frame = _max_frame()  # once: os.environ costs µs on every call
         self._ids = _itertools.count(1)  # next() is atomic: no lock needed for ids
         self._send_lock = _threading.Lock()
         self._cond = _threading.Condition(_threading.Lock())
@@ -76,7 +77,7 @@ class _Connection(object):
             raise self._failure
         request_id = next(self._ids)
         body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
-        refused = _over_cap(request_id, body)
+        refused = _over_cap(request_id, body, self._max_frame)
         if refused is not None:
             return refused
         try:
@@ -232,6 +233,7 @@ class _FileConnection(object):
     def __init__(self, directory, token):
         self._directory = directory
         self._token = token
+        self._max_frame = _max_frame()
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
         self._cond = _threading.Condition(_threading.Lock())
@@ -247,7 +249,7 @@ class _FileConnection(object):
         request_id = next(self._ids)
         key = "%d-%s-%d" % (_os.getpid(), self._nonce, request_id)
         body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
-        refused = _over_cap(request_id, body)
+        refused = _over_cap(request_id, body, self._max_frame)
         if refused is not None:
             return refused
         reply_name = key + ".rep"

@@ -691,3 +691,60 @@ def test_decode_args_refuses_unhashable_keys_as_bad_frame() -> None:
 
     with pytest.raises(FrameError):
         decode_args(b"\x81\x90\x01")  # {[]: 1}
+
+
+# -- the quick parse of a well-formed request (session 7) ------------------------------
+
+
+def _careful(server: RPCServer, body: bytes) -> Any:
+    """What the careful walk alone makes of ``body``: the request, or the refusal."""
+    from hermes_sandbox.rpc.messages import Envelope
+
+    envelope = Envelope.parse(body)
+    try:
+        return envelope.request(TOKEN.encode())
+    except CallRefused as exc:
+        return {"id": envelope.reply_id, "error": {"kind": exc.kind, "message": exc.message}}
+
+
+_SUFFIX_BYTES = msgpack.packb("token") + msgpack.packb(TOKEN)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param({"id": 1, "tool": "echo", "args": {"a": 1}, "token": TOKEN}, id="good"),
+        pytest.param({"id": 1, "tool": "echo", "token": TOKEN}, id="no-args"),
+        pytest.param({"id": 1, "tool": "echo", "args": {}, "token": "x" * 12}, id="bad-token"),
+        pytest.param({"id": -1, "tool": "echo", "args": {}, "token": TOKEN}, id="bad-id"),
+        pytest.param({"id": 1, "tool": "", "args": {}, "token": TOKEN}, id="empty-tool"),
+        pytest.param({"id": 1, "tool": "echo", "args": [1], "token": TOKEN}, id="args-list"),
+        pytest.param({"id": 1, "tool": "echo", "args": {1: 2}, "token": TOKEN}, id="int-key"),
+        pytest.param(
+            {"id": 1, "tool": "echo", "args": {}, "x": 0, "token": TOKEN}, id="extra-field"
+        ),
+        pytest.param(
+            # The token entry's bytes end an argument; the request's own token is wrong.
+            {"id": 1, "tool": "echo", "token": "wrong", "args": {"t": _SUFFIX_BYTES}},
+            id="token-bytes-inside-args",
+        ),
+        pytest.param(
+            {"id": 1, "tool": "echo", "args": {"p": "x" * 300}, "token": TOKEN}, id="large"
+        ),
+    ],
+)
+def test_quick_parse_agrees_with_the_careful_walk(message: dict[str, Any]) -> None:
+    server = RPCServer(TestHandler(), token=TOKEN)
+    body = msgpack.packb(message, use_bin_type=True)
+    assert server.receive(body) == _careful(server, body)
+
+
+def test_quick_parse_never_accepts_a_wrong_token() -> None:
+    from hermes_sandbox.rpc.messages import quick_request, token_suffix
+
+    suffix = token_suffix(TOKEN.encode())
+    good = {"id": 1, "tool": "echo", "args": {}, "token": TOKEN}
+    assert quick_request(msgpack.packb(good), suffix, TOKEN) == Request(1, "echo", {}, TOKEN)
+    wrong = {"id": 1, "tool": "echo", "token": "wrong", "args": {"t": _SUFFIX_BYTES}}
+    assert quick_request(msgpack.packb(wrong), suffix, TOKEN) is None
+    assert token_suffix(b"") is None
