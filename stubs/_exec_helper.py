@@ -20,7 +20,10 @@ user's home), ``stage PREFIX PARENT`` (``mkdtemp``, then the files of the bundle
 stdin written into the new directory: per file a line ``NAME MODE SIZE``, the name
 hex-encoded and the mode octal, then SIZE bytes), ``put DIRECTORY SIZE ARGV...`` (the
 files of the bundle of SIZE bytes at the start of stdin written into DIRECTORY, then
-ARGV run in this process, its stdin the rest), ``rmtree PATH``.
+ARGV run in this process, its stdin the rest), ``relay DIRECTORY SIZE NEW ARGS...``
+(as ``put``, DIRECTORY first made, private and exclusively, when NEW is 1, then the
+relay written there, ``_hermes_relay.py``, run in this same interpreter with ARGS: no
+second Python start), ``rmtree PATH``.
 """
 
 import errno
@@ -269,7 +272,38 @@ def put_and_exec(directory, size, argv):
     os.execvp(argv[0], argv)
 
 
+RELAY_FILE = "_hermes_relay.py"
+
+
+def relay(directory, size, new, args):
+    """Write the bundle into ``directory`` (made first, mode 0700, failing if it exists,
+    when ``new``), then run the relay staged there in this interpreter: the host starts
+    one Python for the stage and the relay, not two. On failure nothing made is left."""
+    try:
+        if new:
+            os.mkdir(directory, 0o700)
+        try:
+            write_bundle(directory, io.BytesIO(read_fd_exactly(0, size)))
+            path = os.path.join(directory, RELAY_FILE)
+            with open(path, "rb") as f:
+                code = compile(f.read(), path, "exec")
+        except BaseException:
+            if new:
+                remove_tree(directory)
+            raise
+    except OSError as exc:
+        fail(exc)
+    sys.argv = [path, *args]
+    # The stage first (the relay's fallback codec, _hermes_msgpack), as for a script run
+    # by its path; never the working directory that ``-c`` puts there.
+    sys.path[:] = [directory] + [p for p in sys.path if p not in ("", ".")]
+    sys.dont_write_bytecode = True
+    exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+
+
 def main(verb, args):
+    if verb == "relay":
+        return relay(args[0], int(args[1]), args[2] == "1", args[3:])
     if verb == "run":
         return run(args[0], float(args[1]), args[2], args[3])
     if verb == "kill":

@@ -10,8 +10,10 @@ Channel messages are frames (4-byte big-endian length, one msgpack map), as in
 docs/protocol.md section "Stream relay". Host to relay: run, rpc, close, kill.
 Relay to host: started, open, rpc, eof, close, out, exit, error. End of input from the
 host means it is gone: the relay kills everything it started, removes the run's stage
-(``--remove STAGE``) and exits. It is a child subreaper: whatever the script starts
-stays below it however it daemonises, and is found by /proc ancestry (the host
+(``--remove STAGE``) and exits. With ``--remove-after`` too (a one-shot run) it removes
+the stage once the script has exited as well, before it reports the exit, and says in
+that report whether the stage is gone (``removed``). It is a child subreaper: whatever
+the script starts stays below it however it daemonises, and is found by /proc ancestry (the host
 prepends stubs/_proctree.py's source to this one). It reports its own pid, so that the
 host can kill it with its tree through another exec if the script stops it.
 
@@ -149,8 +151,9 @@ class _Conn(object):
 
 
 class Relay(object):
-    def __init__(self, channel_in, channel_out, stage=None):
+    def __init__(self, channel_in, channel_out, stage=None, remove_after=False):
         self.stage = stage
+        self.remove_after = remove_after and stage is not None
         self.cin = channel_in
         self.cout = channel_out
         self.sel = selectors.DefaultSelector()
@@ -325,8 +328,7 @@ class Relay(object):
                 stdin.close()
             self.send({"op": "error", "message": "cannot start the script: %s" % (exc,)})
             self.exit_code = 127
-            self.send({"op": "exit", "code": 127})
-            self.shutdown()
+            self.report_exit(127)
             return
         if stdin is not None:
             stdin.close()  # the script has its own copy
@@ -374,8 +376,17 @@ class Relay(object):
                 if key.data[0] == "out":
                     self.read_output(key.fd)
         code = self.exit_code
-        self.send({"op": "exit", "code": 128 - code if code < 0 else code})
+        self.report_exit(128 - code if code < 0 else code)
+
+    def report_exit(self, code):
+        """The last message: the script's exit code, the stage removed first if asked
+        (the host then need not remove it itself)."""
         self.shutdown()
+        message = {"op": "exit", "code": code}
+        if self.remove_after:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            message["removed"] = not os.path.lexists(self.stage)
+        self.send(message)
 
     # -- RPC connections ---------------------------------------------------------------
     def accept(self):
@@ -577,7 +588,7 @@ def main():
     sys.stdout = sys.stderr
     args = sys.argv[1:]
     stage = args[1] if args[:1] == ["--remove"] and len(args) > 1 else None
-    Relay(0, channel_out, stage).run()
+    Relay(0, channel_out, stage, remove_after="--remove-after" in args[2:]).run()
 
 
 if __name__ == "__main__":

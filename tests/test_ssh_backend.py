@@ -803,6 +803,59 @@ def test_nothing_is_left_behind(server: Server) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def count_execs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The argv of every exec the ssh backend opens from now on."""
+    seen: list[list[str]] = []
+    original = SSHEnvironment._open_exec
+
+    async def counted(self: SSHEnvironment, argv: list[str], **kwargs: Any) -> Any:
+        seen.append(list(argv))
+        return await original(self, argv, **kwargs)
+
+    monkeypatch.setattr(SSHEnvironment, "_open_exec", counted)
+    return seen
+
+
+def test_a_run_is_one_exec_that_makes_and_removes_its_stage(
+    server: Server, own_known_hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a probed connection a one-shot run opens one exec: it makes the stage, the
+    relay runs the script and removes the stage, so no stage exec and no removal exec."""
+    options = {**server.options(), "known_hosts": own_known_hosts}
+    first = execute_code("print(1)", backend="ssh", backend_options=options, timeout=20)
+    assert first.output.strip() == "1"
+    execs = count_execs(monkeypatch)
+    code = "import os; print(os.path.dirname(os.path.abspath(__file__)))"
+    result = execute_code(code, backend="ssh", backend_options=options, timeout=20)
+    assert result.status == "success", result.output
+    stage = result.output.strip()
+    assert STAGE_RE.match(os.path.basename(stage)), stage
+    assert not os.path.exists(stage)
+    assert len(execs) == 1, execs
+    assert "relay" in execs[0] and stage in execs[0]
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("raise SystemExit(3)", "error"),  # the relay removes the stage and says so
+        # The relay killed: it reports nothing, so the host removes the stage itself.
+        ("import os, signal, time; os.kill(os.getppid(), signal.SIGKILL); time.sleep(5)", None),
+    ],
+)
+def test_no_stage_is_left_behind_whoever_ends_the_run(
+    server: Server, monkeypatch: pytest.MonkeyPatch, code: str, status: str | None
+) -> None:
+    """A crashed script, or a relay that was killed: the ``server`` fixture checks that
+    the stage is gone; an rm exec is opened only where the relay did not remove it."""
+    execs = count_execs(monkeypatch)
+    result = execute_code(code, backend="ssh", backend_options=server.options(), timeout=20)
+    if status is not None:
+        assert result.status == status, result.output
+    removals = [argv for argv in execs if argv[:2] == ["rm", "-rf"]]
+    assert len(removals) == (0 if status else 1), execs
+
+
 def test_connection_is_reused_by_consecutive_runs(server: Server, own_known_hosts: str) -> None:
     options = server.options(known_hosts=own_known_hosts)
     config = SSHSettings.from_mapping(options)
