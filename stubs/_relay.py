@@ -24,11 +24,9 @@ buffer over the bound) is dropped, so the host's kill always gets through.
 
 import os
 import selectors
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 
@@ -148,6 +146,98 @@ class _Conn(object):
         self.events = 0  # what it is selected for
         self.input_ended = False  # the script shut its writing side
         self.closing = False  # the host closed it: close once out is written
+
+
+class _Child(object):
+    """The script, started as ``subprocess.Popen`` would (a new session, stdin from a
+    file or /dev/null, stdout and stderr pipes, no other descriptor, SIGPIPE and
+    SIGXFSZ as by default) with fork and exec: importing subprocess (and with it
+    locale and re) was the largest part of the relay's start."""
+
+    def __init__(self, argv, env, cwd, stdin_fd):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        check_r, check_w = os.pipe()  # closed by the exec; else carries the reason
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.setsid()
+                os.dup2(stdin_fd, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                try:
+                    inherited = [int(name) for name in os.listdir("/proc/self/fd")]
+                except OSError:  # no /proc: what Python opened is not inherited anyway
+                    inherited = []
+                for fd in inherited:
+                    if fd > 2 and fd != check_w:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                for number in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+                    if hasattr(signal, number):
+                        signal.signal(getattr(signal, number), signal.SIG_DFL)
+                if cwd:
+                    os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:
+                try:
+                    os.write(check_w, str(exc).encode("utf-8", "replace") or b"?")
+                finally:
+                    os._exit(127)
+        os.close(out_w)
+        os.close(err_w)
+        os.close(check_w)
+        reason = b""
+        while True:
+            chunk = os.read(check_r, 4096)
+            if not chunk:
+                break
+            reason += chunk
+        os.close(check_r)
+        if reason:
+            os.waitpid(pid, 0)
+            os.close(out_r)
+            os.close(err_r)
+            raise OSError(reason.decode("utf-8", "replace"))
+        self.pid = pid
+        self.returncode = None
+        self.stdout = os.fdopen(out_r, "rb", 0)
+        self.stderr = os.fdopen(err_r, "rb", 0)
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already (its returncode set then)
+                return self.returncode
+            if pid:
+                self.returncode = (
+                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                )
+        return self.returncode
+
+
+def remove_tree(path):
+    """Remove the stage, following no symlink (what shutil.rmtree does, without its
+    imports)."""
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            return
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files + dirs:
+                full = os.path.join(root, name)
+                try:
+                    if name in dirs and not os.path.islink(full):
+                        os.rmdir(full)
+                    else:
+                        os.unlink(full)
+                except OSError:
+                    pass
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 class Relay(object):
@@ -306,7 +396,9 @@ class Relay(object):
         stdin = None
         try:
             if message.get("stdin"):
-                stdin = open(message["stdin"], "rb")  # noqa: SIM115 - closed below
+                stdin = os.open(message["stdin"], os.O_RDONLY)
+            else:
+                stdin = os.open(os.devnull, os.O_RDONLY)
             if self.socket_path:
                 self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.listener.bind(self.socket_path)
@@ -314,24 +406,15 @@ class Relay(object):
                 self.listener.listen(64)
                 self.listener.setblocking(False)
                 self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
-            self.child = subprocess.Popen(
-                message["argv"],
-                env=env,
-                cwd=message.get("cwd") or None,
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            self.child = _Child(message["argv"], env, message.get("cwd") or None, stdin)
         except Exception as exc:
             if stdin is not None:
-                stdin.close()
+                os.close(stdin)
             self.send({"op": "error", "message": "cannot start the script: %s" % (exc,)})
             self.exit_code = 127
             self.report_exit(127)
             return
-        if stdin is not None:
-            stdin.close()  # the script has its own copy
+        os.close(stdin)  # the script has its own copy
         for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)
@@ -384,7 +467,7 @@ class Relay(object):
         self.shutdown()
         message = {"op": "exit", "code": code}
         if self.remove_after:
-            shutil.rmtree(self.stage, ignore_errors=True)
+            remove_tree(self.stage)
             message["removed"] = not os.path.lexists(self.stage)
         self.send(message)
 
@@ -512,7 +595,7 @@ class Relay(object):
         self.end_tree(0)
         self.shutdown()
         if self.stage:
-            shutil.rmtree(self.stage, ignore_errors=True)
+            remove_tree(self.stage)
         os._exit(0)
 
     def fatal(self, message):
