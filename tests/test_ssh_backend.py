@@ -46,6 +46,7 @@ from hermes_sandbox.environments import (
     get_environment_class,
 )
 from hermes_sandbox.environments.errors import SpawnNotAvailable
+from hermes_sandbox.environments.exec_stream import helper_failure_text
 from hermes_sandbox.environments.ssh import (
     SSHEnvironment,
     SSHSettings,
@@ -466,6 +467,42 @@ async def test_stage_dir_is_private_and_removed(server: Server) -> None:
         await env.remove_tree(stage)
         assert not await anyio.Path(stage).exists()
         await env.remove_tree(stage)  # a missing path is not an error
+
+
+@pytest.mark.anyio
+async def test_the_relay_exec_makes_its_stage_exclusively(server: Server) -> None:
+    """A stage the relay's exec makes is new and private: at a path someone else took
+    first it writes nothing, starts no relay and says why."""
+    async with SSHEnvironment(server.config()) as env:
+        path = env.fresh_stage_path("hermes-sandbox-")
+        assert path is not None and os.path.dirname(path) == "/tmp"
+        os.mkdir(path, 0o777)  # taken first, by another user (root here)
+        try:
+            stream = await env.open_relay(
+                path, [], files={"_hermes_relay.py": b"print('ran')\n"}, make_stage=True
+            )
+            out = b"".join([chunk async for chunk in stream])
+            code = await stream.wait()
+            await stream.aclose()
+            assert (out, code) == (b"", 125)
+            assert "EEXIST" in helper_failure_text(stream.stderr_tail) or (
+                "File exists" in helper_failure_text(stream.stderr_tail)
+            )
+            assert os.listdir(path) == []
+        finally:
+            os.rmdir(path)
+        made = env.fresh_stage_path("hermes-sandbox-")
+        assert made is not None and made != path
+        stream = await env.open_relay(
+            made, [], files={"_hermes_relay.py": b"print('ran')\n"}, make_stage=True
+        )
+        out = b"".join([chunk async for chunk in stream])
+        assert (out, await stream.wait()) == (b"ran\n", 0)
+        await stream.aclose()
+        info = os.stat(made)
+        assert (info.st_mode & 0o777, info.st_uid) == (0o700, server.uid)
+        await env.remove_tree(made)
+        assert not await anyio.Path(made).exists()
 
 
 @pytest.mark.anyio
