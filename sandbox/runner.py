@@ -49,7 +49,13 @@ from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from hermes_sandbox.rpc.server import RequestHandler
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
 from hermes_sandbox.streaming import OutputCallback, StreamedOutput
-from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
+from hermes_sandbox.stubs import (
+    RELAY_MODULE,
+    STUB_MODULE,
+    relay_code_file,
+    relay_source,
+    stub_files,
+)
 from hermes_sandbox.tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 from hermes_sandbox.tools.registry import registry as default_registry
@@ -390,6 +396,8 @@ async def open_stage(
     files = {name: text.encode() for name, text in plan.files.items()}
     if needs_relay(transport, runtime):
         files[RELAY_MODULE] = relay_source().encode()
+        code_name, code = relay_code_file()  # run instead of the source by a same Python
+        files[code_name] = code
     if script is not None:
         files.update(script.files)
     if script is not None and transport == "relay":

@@ -6,13 +6,16 @@ Stdlib only (modules even python3-minimal has), Python 3.6+. The host runs it as
 the start of stdin (per file a line ``NAME MODE SIZE``, the name hex-encoded and the
 mode octal, then SIZE bytes) written into DIRECTORY (made first, mode 0700, failing if
 it exists, when NEW is 1), then the relay written there, ``_hermes_relay.py``, run in
-this same interpreter with ARGS, its stdin the rest: one Python start, not two. The
-exec helper's source is this one with _proctree.py's before and its own after (its
-verbs ``stage`` and ``put`` write bundles too); a failure is reported as it does.
+this same interpreter with ARGS (its code as the host compiled it when the bundle holds
+it for this Python's bytecode magic, ``_hermes_relay.py.MAGIC.code``, else compiled
+here), its stdin the rest: one Python start, not two. The exec helper's source is this
+one with _proctree.py's before and its own after (its verbs ``stage`` and ``put`` write
+bundles too); a failure is reported as it does.
 """
 
 import errno
 import io
+import marshal
 import os
 import stat
 import sys
@@ -112,6 +115,20 @@ def write_bundle(directory, bundle):
 RELAY_FILE = "_hermes_relay.py"
 
 
+def compiled(path):
+    """The relay's code as the host compiled it, staged beside it under a name with
+    this Python's bytecode magic number; None if there is none for this Python."""
+    bootstrap = sys.modules.get("_frozen_importlib_external")
+    magic = getattr(bootstrap, "MAGIC_NUMBER", None)
+    if not magic:
+        return None
+    try:
+        with open(path + "." + magic.hex() + ".code", "rb") as f:
+            return marshal.loads(f.read())
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+
+
 def relay(directory, size, new, args):
     """Write the bundle into ``directory`` (made first, mode 0700, failing if it exists,
     when ``new``), then run the relay staged there in this interpreter: the host starts
@@ -122,8 +139,10 @@ def relay(directory, size, new, args):
         try:
             write_bundle(directory, io.BytesIO(read_fd_exactly(0, size)))
             path = os.path.join(directory, RELAY_FILE)
-            with open(path, "rb") as f:
-                code = compile(f.read(), path, "exec")
+            code = compiled(path)
+            if code is None:
+                with open(path, "rb") as f:
+                    code = compile(f.read(), path, "exec")
         except BaseException:
             if new:
                 remove_tree(directory)
