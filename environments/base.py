@@ -28,6 +28,7 @@ import anyio.abc
 
 from hermes_sandbox.environments.settings import BackendSettings, api_place
 from hermes_sandbox.errors import SettingError
+from hermes_sandbox.stubs import RELAY_MODULE
 
 # What Environment.execute keeps of a command's output, and the exit code of a command
 # killed for its timeout (as coreutils' timeout reports it).
@@ -245,6 +246,31 @@ class Runtime(abc.ABC):
         the process's stdin and stops the client side; the process itself is expected
         to exit on end of input (the relay does).
         """
+
+    def fresh_stage_path(self, prefix: str) -> str | None:
+        """A path for a new stage that :meth:`open_relay` can make itself (``make_stage``)
+        in the same exec as it starts the relay: unique, unguessable, in the scratch
+        directory; None where it cannot (then :meth:`make_stage` makes the stage)."""
+        return None
+
+    async def open_relay(
+        self,
+        stage: str,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+        make_stage: bool = False,
+    ) -> ExecStream:
+        """Start the stream relay staged in ``stage`` (``_hermes_relay.py``) with
+        ``args``, after writing ``files`` there, as :meth:`open_exec_stream` does. With
+        ``make_stage`` the stage is made first, private and exclusively, at a path from
+        :meth:`fresh_stage_path` (only where that gives one)."""
+        if make_stage:
+            raise ValueError(f"the {self.name} backend cannot make a stage as it starts the relay")
+        argv = [self.python, f"{stage}/{RELAY_MODULE}", *args]
+        return await self.open_exec_stream(argv, env=env, cwd=cwd, stage=stage, files=files)
 
     @abc.abstractmethod
     async def kill_process_tree(self, pid: int, grace: float = 0.0) -> None:

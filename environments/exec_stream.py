@@ -21,6 +21,7 @@ import abc
 import dataclasses
 import errno as errno_module
 import logging
+import posixpath
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self, cast
@@ -51,7 +52,16 @@ _DRAIN_SECONDS = 1.0
 
 # The program every exec-stream backend runs in its sandbox for commands and files.
 HELPER_PROGRAM = "_exec_helper.py"
-HELPER_SOURCE = program_source("_proctree.py") + "\n" + program_source(HELPER_PROGRAM)
+# The relay's exec runs only the part that writes a stage and starts the relay: less to
+# compile there (a third of the helper).
+RELAY_LAUNCH_SOURCE = program_source("_stage_files.py")
+HELPER_SOURCE = "\n".join(
+    (program_source("_proctree.py"), RELAY_LAUNCH_SOURCE, program_source(HELPER_PROGRAM))
+)
+# The helper's interpreter flags: isolated (no PYTHON* variables, no user site, and not
+# the working directory on the import path: it may be a script's, anyone's to fill) and
+# no site (the helper and the relay use the standard library only): a faster start.
+HELPER_FLAGS = ("-I", "-S")
 
 
 def _bundle(files: Mapping[str, bytes], mode: int = 0o600) -> bytes:
@@ -243,6 +253,46 @@ class ExecStreamEnvironment(Environment, Runtime):
             await self._send_bundle(stream, bundle)
         return stream
 
+    def fresh_stage_path(self, prefix: str) -> str | None:
+        """Where the user's home is known already (learnt at start), a new stage's path
+        in the scratch directory for :meth:`open_relay` to make; else None (the stage is
+        made by :meth:`make_stage`, which learns the home)."""
+        if self._home is None:
+            return None
+        # Named as make_private_dir names: 48 random bits; made exclusively (a name taken
+        # fails the run, never shares a directory).
+        return posixpath.join(self.scratch_parent, prefix + secrets.token_hex(6))
+
+    async def open_relay(
+        self,
+        stage: str,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+        make_stage: bool = False,
+    ) -> ExecStream:
+        """The ``relay`` of stubs/_stage_files.py: one exec, one Python (with
+        :data:`HELPER_FLAGS`), that makes the stage if asked, writes ``files`` and runs
+        the relay. ``env`` is not needed: the stage goes on the relay's import path."""
+        bundle = _bundle(files or {})
+        argv = [
+            self.python,
+            *HELPER_FLAGS,
+            "-c",
+            RELAY_LAUNCH_SOURCE,
+            "relay",
+            stage,
+            str(len(bundle)),
+            "1" if make_stage else "0",
+            *args,
+        ]
+        stream = await self.open_exec_stream(argv, cwd=cwd)
+        if bundle:
+            await self._send_bundle(stream, bundle)
+        return stream
+
     def _put_first(
         self, argv: Sequence[str], stage: str | None, files: Mapping[str, bytes] | None
     ) -> tuple[list[str], bytes]:
@@ -253,7 +303,7 @@ class ExecStreamEnvironment(Environment, Runtime):
         if stage is None:
             raise ValueError("files to write before a program need its stage")
         bundle = _bundle(files)
-        put = [self.python, "-c", HELPER_SOURCE, "put", stage, str(len(bundle))]
+        put = [self.python, *HELPER_FLAGS, "-c", HELPER_SOURCE, "put", stage, str(len(bundle))]
         return [*put, *argv], bundle
 
     async def _send_bundle(self, stream: ExecStream, bundle: bytes) -> None:
@@ -295,6 +345,7 @@ class ExecStreamEnvironment(Environment, Runtime):
         token = secrets.token_hex(12)
         argv = [
             self.python,
+            *HELPER_FLAGS,
             "-c",
             HELPER_SOURCE,
             "run",
@@ -357,7 +408,7 @@ class ExecStreamEnvironment(Environment, Runtime):
 
     async def _helper(self, verb: str, *args: str, data: bytes | None = None) -> bytes:
         """Run the helper in the sandbox; return its stdout, raise what it reports."""
-        argv = [self.python, "-c", HELPER_SOURCE, verb, *args]
+        argv = [self.python, *HELPER_FLAGS, "-c", HELPER_SOURCE, verb, *args]
         stream = await self._open_exec(argv, env=None, cwd=None, stdin=data is not None)
         out = bytearray()
         try:
@@ -422,6 +473,7 @@ class ExecStreamEnvironment(Environment, Runtime):
 
 __all__ = [
     "HELPER_ERROR",
+    "HELPER_FLAGS",
     "HELPER_PROGRAM",
     "HELPER_SOURCE",
     "ExecStreamEnvironment",

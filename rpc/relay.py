@@ -269,6 +269,8 @@ class RelaySession:
         # Why the channel ended before the relay reported the script's exit (the
         # sandbox or the connection to it went away), or None.
         self.lost: str | None = None
+        # Whether the relay reported it removed the run's stage (``--remove-after``).
+        self.stage_removed = False
         self._tasks: anyio.abc.TaskGroup | None = None
         self._context: AbstractAsyncContextManager[RelaySession]
 
@@ -415,6 +417,7 @@ class RelaySession:
                     self.relay_pid = int(message.get("relay_pid", 0)) or None
                     self._started.set()
                 elif op == "exit":
+                    self.stage_removed = message.get("removed") is True
                     self._mark_exit(int(message.get("code", 1)))
                 elif op == "error":
                     self.error = str(message.get("message"))

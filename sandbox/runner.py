@@ -48,7 +48,13 @@ from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE, RPCServer
 from hermes_sandbox.rpc.server import RequestHandler
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION, sweep_spill_dir
 from hermes_sandbox.streaming import OutputCallback, StreamedOutput
-from hermes_sandbox.stubs import RELAY_MODULE, STUB_MODULE, relay_source, stub_files
+from hermes_sandbox.stubs import (
+    RELAY_MODULE,
+    STUB_MODULE,
+    relay_code_file,
+    relay_source,
+    stub_files,
+)
 from hermes_sandbox.tools import BLOCKED_TOOLS, SANDBOX_TOOLS, load_builtin_tools
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 from hermes_sandbox.tools.registry import registry as default_registry
@@ -342,16 +348,31 @@ def plan_run(options: RunOptions | None, registry: ToolRegistry | None) -> Plan:
     return Plan(options, registry, tools, stub_files(registry.get_definitions(tools)))
 
 
+STAGE_PREFIX = "hermes-sandbox-"
+
+
+@dataclass(slots=True)
+class StageAtLaunch:
+    """A one-shot run's stage not made yet: the relay's exec makes it with ``files``
+    (stubs, relay, script) and the relay removes it after the script's exit, saying so
+    (``removed``); else :func:`remove_stage` still has to."""
+
+    files: Mapping[str, bytes]
+    removed: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     """A started environment made ready for scripts: the transport chosen and a private
     stage directory holding the stub files (and the relay, where it is needed). Each
-    run writes its script there; :func:`remove_stage` removes it."""
+    run writes its script there; :func:`remove_stage` removes it. With ``at_launch``
+    the directory is only named yet: the one run's launch makes it."""
 
     runtime: Runtime
     transport: str
     path: str
     base_env: Mapping[str, str]
+    at_launch: StageAtLaunch | None = None
 
 
 async def open_stage(
@@ -361,8 +382,10 @@ async def open_stage(
     script: StagedScript | None = None,
 ) -> Stage:
     """Choose the transport for ``runtime``, make the stage and write the stub files,
-    and ``script``'s files with them (a one-shot run stages everything at once).
-    Raises RunError (a transport that cannot work there) and BackendError."""
+    and ``script``'s files with them (a one-shot run stages everything at once; over
+    the relay, where the runtime can, in the relay's own exec: the stage is then only
+    named here). Raises RunError (a transport that cannot work there) and
+    BackendError."""
     try:
         transport = choose_transport(plan.options.transport, runtime)
     except TransportUnavailable as exc:
@@ -372,10 +395,17 @@ async def open_stage(
     files = {name: text.encode() for name, text in plan.files.items()}
     if needs_relay(transport, runtime):
         files[RELAY_MODULE] = relay_source().encode()
+        code_name, code = relay_code_file()  # run instead of the source by a same Python
+        files[code_name] = code
     if script is not None:
         files.update(script.files)
+    if script is not None and transport == "relay":
+        fresh = runtime.fresh_stage_path(STAGE_PREFIX)
+        if fresh is not None:
+            log.info("the relay's exec makes the stage %s", fresh)
+            return Stage(runtime, transport, fresh, dict(base_env), StageAtLaunch(files))
     clock = time.monotonic()
-    path = await runtime.make_stage("hermes-sandbox-", files, parent=parent)
+    path = await runtime.make_stage(STAGE_PREFIX, files, parent=parent)
     what = "the script" if script is not None else "the stubs"
     log.info("staged %s in %s in %.2fs", what, path, _since(clock))
     return Stage(runtime, transport, path, dict(base_env))
@@ -540,12 +570,15 @@ def launch_script(
     *,
     stdin_path: str | None = None,
     files: Mapping[str, bytes] | None = None,
+    make_stage: bool = False,
 ) -> tuple[RPCServer, AbstractAsyncContextManager[Any]]:
     """The launch of ``argv`` in ``stage`` over the stage's transport, with a server of
     its own (a fresh token) answering its calls with ``handler``: entering the launch
     starts the program and serves it, and yields the running process; leaving it ends
     both. The program's stdin reads ``stdin_path`` (a file in the stage), else nothing;
-    ``files`` are written into the stage (by name) before it starts."""
+    ``files`` are written into the stage (by name) before it starts; with
+    ``make_stage`` the relay's exec makes the stage first and the relay removes it
+    after the program's exit."""
     token = secrets.token_urlsafe(32)
     server = RPCServer(handler, token=token, max_frame_size=options.max_frame_size)
     pythonpath = stage.base_env.get("PYTHONPATH")
@@ -563,6 +596,8 @@ def launch_script(
         cwd=cwd,
         stdin_path=stdin_path,
         files=dict(files or {}),
+        make_stage=make_stage,
+        remove_after=make_stage,
     )
     return server, TRANSPORTS[stage.transport](stage.runtime, server, script)
 
@@ -603,7 +638,12 @@ async def run_in_stage(
         script = staged or _script_files(runtime, code, _stub_names(plan), options)
         script_argv, stdin_path = script.argv(stage.path, options)
         gate = ToolGate(plan.registry, plan.tools, budget, tool_context(stage, options, cwd))
-        # Files not staged yet go with the launch (over the relay: in its own exec).
+        # Files not staged yet go with the launch (over the relay: in its own exec), all
+        # of them when the launch makes the stage.
+        at_launch = stage.at_launch
+        files = script.files if at_launch is None and not staged else {}
+        if at_launch is not None:
+            files = at_launch.files
         server, launch = launch_script(
             stage,
             gate,
@@ -611,7 +651,8 @@ async def run_in_stage(
             cwd,
             options,
             stdin_path=stdin_path,
-            files={} if staged else script.files,
+            files=files,
+            make_stage=at_launch is not None,
         )
         log.info("running %s in %s", shlex.join([runtime.python, *script_argv]), cwd)
         clock = time.monotonic()
@@ -630,6 +671,8 @@ async def run_in_stage(
                 if status == "interrupted":
                     server.abandon()  # end now: no drain of the calls in flight
                 lost = getattr(process, "lost", None)
+            if at_launch is not None:  # read once the launch has ended: the relay is done
+                at_launch.removed = getattr(process, "stage_removed", False)
             log.info("the script ended (%s) after %.2fs", status, _since(clock))
         except TransportUnavailable as exc:
             raise RunError(str(exc)) from None
@@ -713,7 +756,9 @@ async def run_code(
                 staged=script,
             )
         finally:
-            if not runtime.discards_on_close:  # else it goes with the environment
+            removed = stage.at_launch is not None and stage.at_launch.removed
+            # Else it goes with the environment, or the relay removed it already.
+            if not runtime.discards_on_close and not removed:
                 with anyio.CancelScope(shield=True):
                     cleanup_problem = await remove_stage(runtime, stage.path)
     finally:

@@ -33,7 +33,6 @@ from typing import Any
 from hermes_sandbox.environments import Runtime
 from hermes_sandbox.errors import TransportUnavailable
 from hermes_sandbox.rpc import RPCServer, serve_unix_socket
-from hermes_sandbox.stubs import RELAY_MODULE
 
 SOCKET_NAME = "rpc.sock"
 FILES_DIR_PREFIX = "rpc-"
@@ -53,6 +52,10 @@ class Script:
     # Files (by name) to write into the stage before it starts: the run's script, in
     # the same exec as the relay where the relay starts it.
     files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    # A one-shot run over the relay: the relay's exec makes the stage (which does not
+    # exist yet) and the relay removes it after the script's exit.
+    make_stage: bool = False
+    remove_after: bool = False
 
     def with_env(self, **extra: str) -> Script:
         return dataclasses.replace(self, env={**self.env, **extra})
@@ -78,13 +81,17 @@ async def _under_relay(
 
     # In the script's working directory: where the relay is contained (local under
     # bwrap), that directory is what the script may write.
-    # The relay removes the stage when its input ends (this host process is gone).
-    channel = await environment.open_exec_stream(
-        [environment.python, posixpath.join(script.stage, RELAY_MODULE), "--remove", script.stage],
+    # The relay removes the stage when its input ends (this host process is gone), and
+    # with --remove-after once the script has exited too (it then says so: the
+    # session's stage_removed).
+    args = ["--remove", script.stage, *(["--remove-after"] if script.remove_after else [])]
+    channel = await environment.open_relay(
+        script.stage,
+        args,
         env={"PYTHONPATH": script.stage, "PYTHONDONTWRITEBYTECODE": "1"},
         cwd=script.cwd,
-        stage=script.stage,
         files=script.files,
+        make_stage=script.make_stage,
     )
     failure: TransportUnavailable | None = None
     async with RelaySession(

@@ -20,10 +20,11 @@ user's home), ``stage PREFIX PARENT`` (``mkdtemp``, then the files of the bundle
 stdin written into the new directory: per file a line ``NAME MODE SIZE``, the name
 hex-encoded and the mode octal, then SIZE bytes), ``put DIRECTORY SIZE ARGV...`` (the
 files of the bundle of SIZE bytes at the start of stdin written into DIRECTORY, then
-ARGV run in this process, its stdin the rest), ``rmtree PATH``.
+ARGV run in this process, its stdin the rest), ``rmtree PATH``; and
+``relay DIRECTORY SIZE NEW ARGS...`` (stubs/_stage_files.py, which the host puts before
+this source and runs alone for the relay's exec).
 """
 
-import errno
 import io
 import os
 import signal
@@ -33,23 +34,10 @@ import time
 
 if "kill_tree" not in globals():  # run alone: the host prepends _proctree.py's source
     from _proctree import alive, become_subreaper, kill_tree, signal_all
+if "write_bundle" not in globals():  # run alone: the host prepends _stage_files.py's too
+    from _stage_files import fail, hexed, read_fd_exactly, remove_tree, write_bundle
 
 MARK = "HERMES_SANDBOX_EXEC"
-
-
-def hexed(text):
-    return str(text).encode("utf-8", "surrogateescape").hex()
-
-
-def fail(exc):
-    fields = (
-        errno.errorcode.get(exc.errno or 0, ""),
-        exc.strerror or str(exc),
-        "" if exc.filename is None else exc.filename,
-    )
-    line = "HERMES-SANDBOX-ERROR " + "\t".join(hexed(f) for f in fields) + "\n"
-    os.write(2, line.encode())
-    os._exit(125)
 
 
 def others():
@@ -164,34 +152,6 @@ def kind_of(mode):
     return "other"
 
 
-def remove_tree(path):
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            full = os.path.join(root, name)
-            try:
-                if os.path.islink(full):
-                    os.unlink(full)
-                else:
-                    os.rmdir(full)
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 def make_private_dir(prefix, parent):
     while True:
         path = os.path.join(parent, prefix + os.urandom(6).hex())
@@ -200,54 +160,6 @@ def make_private_dir(prefix, parent):
             return path
         except FileExistsError:
             continue
-
-
-def read_exactly(stream, size):
-    data = stream.read(size)
-    if len(data) != size:
-        raise OSError(errno.EPIPE, "the bundle ended early")
-    return data
-
-
-def read_fd_exactly(fd, size):
-    """``size`` bytes of ``fd``, unbuffered: what follows is another program's input."""
-    data = bytearray()
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            raise OSError(errno.EPIPE, "the bundle ended early")
-        data += chunk
-    return bytes(data)
-
-
-def write_bundle(directory, bundle):
-    """Write the bundle's files (a readable binary stream) into ``directory``: each
-    made anew under a fresh name, then renamed over its own (a name that is a symlink
-    is replaced, never followed)."""
-    while True:
-        header = bundle.readline()
-        if not header:
-            return
-        name, mode, size = header.split()
-        name = bytes.fromhex(name.decode()).decode("utf-8", "surrogateescape")
-        if "/" in name or name in ("", ".", ".."):
-            raise OSError(errno.EINVAL, "not a file name", name)
-        data = read_exactly(bundle, int(size))
-        path = os.path.join(directory, name)
-        fresh = os.path.join(directory, ".new-" + os.urandom(8).hex())
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(fresh, flags, int(mode, 8))
-        try:
-            os.fchmod(fd, int(mode, 8))  # not narrowed by the umask
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.rename(fresh, path)
-        except BaseException:
-            try:
-                os.unlink(fresh)
-            except OSError:
-                pass
-            raise
 
 
 def stage(prefix, parent, bundle):

@@ -10,8 +10,10 @@ Channel messages are frames (4-byte big-endian length, one msgpack map), as in
 docs/protocol.md section "Stream relay". Host to relay: run, rpc, close, kill.
 Relay to host: started, open, rpc, eof, close, out, exit, error. End of input from the
 host means it is gone: the relay kills everything it started, removes the run's stage
-(``--remove STAGE``) and exits. It is a child subreaper: whatever the script starts
-stays below it however it daemonises, and is found by /proc ancestry (the host
+(``--remove STAGE``) and exits. With ``--remove-after`` too (a one-shot run) it removes
+the stage once the script has exited as well, before it reports the exit, and says in
+that report whether the stage is gone (``removed``). It is a child subreaper: whatever
+the script starts stays below it however it daemonises, and is found by /proc ancestry (the host
 prepends stubs/_proctree.py's source to this one). It reports its own pid, so that the
 host can kill it with its tree through another exec if the script stops it.
 
@@ -22,11 +24,9 @@ buffer over the bound) is dropped, so the host's kill always gets through.
 
 import os
 import selectors
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 
@@ -148,9 +148,102 @@ class _Conn(object):
         self.closing = False  # the host closed it: close once out is written
 
 
+class _Child(object):
+    """The script, started as ``subprocess.Popen`` would (a new session, stdin from a
+    file or /dev/null, stdout and stderr pipes, no other descriptor, SIGPIPE and
+    SIGXFSZ as by default) with fork and exec: importing subprocess (and with it
+    locale and re) was the largest part of the relay's start."""
+
+    def __init__(self, argv, env, cwd, stdin_fd):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        check_r, check_w = os.pipe()  # closed by the exec; else carries the reason
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.setsid()
+                os.dup2(stdin_fd, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                try:
+                    inherited = [int(name) for name in os.listdir("/proc/self/fd")]
+                except OSError:  # no /proc: what Python opened is not inherited anyway
+                    inherited = []
+                for fd in inherited:
+                    if fd > 2 and fd != check_w:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                for number in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+                    if hasattr(signal, number):
+                        signal.signal(getattr(signal, number), signal.SIG_DFL)
+                if cwd:
+                    os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:
+                try:
+                    os.write(check_w, str(exc).encode("utf-8", "replace") or b"?")
+                finally:
+                    os._exit(127)
+        os.close(out_w)
+        os.close(err_w)
+        os.close(check_w)
+        reason = b""
+        while True:
+            chunk = os.read(check_r, 4096)
+            if not chunk:
+                break
+            reason += chunk
+        os.close(check_r)
+        if reason:
+            os.waitpid(pid, 0)
+            os.close(out_r)
+            os.close(err_r)
+            raise OSError(reason.decode("utf-8", "replace"))
+        self.pid = pid
+        self.returncode = None
+        self.stdout = os.fdopen(out_r, "rb", 0)
+        self.stderr = os.fdopen(err_r, "rb", 0)
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already (its returncode set then)
+                return self.returncode
+            if pid:
+                self.returncode = (
+                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                )
+        return self.returncode
+
+
+def remove_tree(path):
+    """Remove the stage, following no symlink (what shutil.rmtree does, without its
+    imports)."""
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            return
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files + dirs:
+                full = os.path.join(root, name)
+                try:
+                    if name in dirs and not os.path.islink(full):
+                        os.rmdir(full)
+                    else:
+                        os.unlink(full)
+                except OSError:
+                    pass
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 class Relay(object):
-    def __init__(self, channel_in, channel_out, stage=None):
+    def __init__(self, channel_in, channel_out, stage=None, remove_after=False):
         self.stage = stage
+        self.remove_after = remove_after and stage is not None
         self.cin = channel_in
         self.cout = channel_out
         self.sel = selectors.DefaultSelector()
@@ -303,7 +396,9 @@ class Relay(object):
         stdin = None
         try:
             if message.get("stdin"):
-                stdin = open(message["stdin"], "rb")  # noqa: SIM115 - closed below
+                stdin = os.open(message["stdin"], os.O_RDONLY)
+            else:
+                stdin = os.open(os.devnull, os.O_RDONLY)
             if self.socket_path:
                 self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.listener.bind(self.socket_path)
@@ -311,25 +406,15 @@ class Relay(object):
                 self.listener.listen(64)
                 self.listener.setblocking(False)
                 self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
-            self.child = subprocess.Popen(
-                message["argv"],
-                env=env,
-                cwd=message.get("cwd") or None,
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            self.child = _Child(message["argv"], env, message.get("cwd") or None, stdin)
         except Exception as exc:
             if stdin is not None:
-                stdin.close()
+                os.close(stdin)
             self.send({"op": "error", "message": "cannot start the script: %s" % (exc,)})
             self.exit_code = 127
-            self.send({"op": "exit", "code": 127})
-            self.shutdown()
+            self.report_exit(127)
             return
-        if stdin is not None:
-            stdin.close()  # the script has its own copy
+        os.close(stdin)  # the script has its own copy
         for fd_number, pipe in ((1, self.child.stdout), (2, self.child.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)
@@ -374,8 +459,17 @@ class Relay(object):
                 if key.data[0] == "out":
                     self.read_output(key.fd)
         code = self.exit_code
-        self.send({"op": "exit", "code": 128 - code if code < 0 else code})
+        self.report_exit(128 - code if code < 0 else code)
+
+    def report_exit(self, code):
+        """The last message: the script's exit code, the stage removed first if asked
+        (the host then need not remove it itself)."""
         self.shutdown()
+        message = {"op": "exit", "code": code}
+        if self.remove_after:
+            remove_tree(self.stage)
+            message["removed"] = not os.path.lexists(self.stage)
+        self.send(message)
 
     # -- RPC connections ---------------------------------------------------------------
     def accept(self):
@@ -501,7 +595,7 @@ class Relay(object):
         self.end_tree(0)
         self.shutdown()
         if self.stage:
-            shutil.rmtree(self.stage, ignore_errors=True)
+            remove_tree(self.stage)
         os._exit(0)
 
     def fatal(self, message):
@@ -577,7 +671,7 @@ def main():
     sys.stdout = sys.stderr
     args = sys.argv[1:]
     stage = args[1] if args[:1] == ["--remove"] and len(args) > 1 else None
-    Relay(0, channel_out, stage).run()
+    Relay(0, channel_out, stage, remove_after="--remove-after" in args[2:]).run()
 
 
 if __name__ == "__main__":

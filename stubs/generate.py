@@ -9,8 +9,10 @@ the client imports only when the sandbox's Python has no msgpack.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import keyword
+import marshal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -59,6 +61,16 @@ def codec_source() -> str:
 def relay_source() -> str:
     """The relay program, with the process-tree code it shares prepended."""
     return program_source("_proctree.py") + "\n" + program_source("_relay.py")
+
+
+@functools.cache
+def relay_code_file() -> tuple[str, bytes]:
+    """The relay compiled by this interpreter and marshalled, under a name carrying this
+    Python's bytecode magic number, to stage beside the relay: stubs/_stage_files.py
+    runs it instead of compiling the source (most of the relay's start after the
+    interpreter's own) when its Python has the same magic; another Python ignores it."""
+    code = compile(relay_source(), RELAY_MODULE, "exec", dont_inherit=True, optimize=0)
+    return f"{RELAY_MODULE}.{importlib.util.MAGIC_NUMBER.hex()}.code", marshal.dumps(code)
 
 
 @functools.cache

@@ -4,7 +4,9 @@ directory, run through the whole runtime."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 import sys
 
@@ -16,6 +18,7 @@ from hermes_sandbox import SettingError, execute_code
 from hermes_sandbox.environments import BACKENDS, CommandResult, get_environment_class
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
 from hermes_sandbox.environments.testing import FakeEnvironment, FakeSettings
+from hermes_sandbox.stubs import RELAY_MODULE
 
 SCRIPT = """\
 import json, os
@@ -173,3 +176,27 @@ async def test_files_go_in_with_the_program_and_never_through_a_planted_symlink(
         assert outside.read_text() == "kept"
         assert not await anyio.Path(stage, "script.py").is_symlink()
         assert await anyio.Path(stage, "stdin").read_bytes() == b"\0" * 100000
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("own_magic", [True, False])
+async def test_the_relay_exec_runs_the_hosts_compiled_relay_for_its_own_python(own_magic):
+    """open_relay makes the stage and runs the relay in the same interpreter: the code
+    the host compiled when it is for this Python's bytecode magic, else the source."""
+    magic = importlib.util.MAGIC_NUMBER.hex() if own_magic else "00000000"
+    files = {
+        RELAY_MODULE: b"print('source')\n",
+        f"{RELAY_MODULE}.{magic}.code": marshal.dumps(compile("print('code')", "r", "exec")),
+    }
+    async with FakeEnvironment(FakeSettings()) as env:
+        await env.make_private_dir("hermes-test-")  # learns the home
+        stage = env.fresh_stage_path("hermes-test-")
+        assert stage is not None
+        try:
+            stream = await env.open_relay(stage, [], files=files, make_stage=True)
+            out = b"".join([chunk async for chunk in stream])
+            assert (out, await stream.wait()) == (b"code\n" if own_magic else b"source\n", 0)
+            await stream.aclose()
+            assert os.stat(stage).st_mode & 0o777 == 0o700
+        finally:
+            await env.remove_tree(stage)

@@ -43,7 +43,7 @@ from hermes_sandbox.environments import (
     EnvironmentFailure,
     get_environment_class,
 )
-from hermes_sandbox.environments.exec_stream import HELPER_SOURCE
+from hermes_sandbox.environments.exec_stream import HELPER_FLAGS, HELPER_SOURCE
 from hermes_sandbox.environments.singularity import (
     IMAGE_VAR,
     Bind,
@@ -385,7 +385,7 @@ async def test_start_exec_and_stop_command_lines(
     ]
     execs = cli.calls_of("exec")
     assert len(execs) == 1
-    token = execs[0][11]
+    token = execs[0][13]
     assert execs[0] == [
         "apptainer",
         "exec",
@@ -395,6 +395,7 @@ async def test_start_exec_and_stop_command_lines(
         "/tmp",
         f"instance://{name}",
         "python3",
+        *HELPER_FLAGS,
         "-c",
         HELPER_SOURCE,
         "run",
@@ -748,7 +749,7 @@ async def test_files_move_through_the_instance(cli: FakeCLI) -> None:
                 await env.read_bytes(f"{scratch}/absent")
             with pytest.raises(FileNotFoundError):
                 await env.write_bytes(f"{scratch}/no/such", b"x", make_parents=False)
-            read_bytes_calls = [c for c in cli.calls_of("exec") if c[10:11] == ["read"]]
+            read_bytes_calls = [c for c in cli.calls_of("exec") if c[12:13] == ["read"]]
             assert read_bytes_calls, "file operations run the helper through apptainer exec"
         finally:
             await env.remove_tree(scratch)
@@ -818,7 +819,8 @@ def test_a_run_over_the_relay_acts_through_the_instance(
     assert written == str(target) and content == "written inside"
     assert result.tool_calls_made == 3
     execs = cli.calls_of("exec")
-    assert any(c[7:8] == ["python3"] and c[8].endswith("/_hermes_relay.py") for c in execs)
+    # The relay is started by the stage writer of the relay's exec, in that interpreter.
+    assert any(c[7:8] == ["python3"] and c[12:13] == ["relay"] for c in execs)
     assert any(c[-1] == "echo via-terminal $APPTAINER_COMMAND" for c in execs)
     assert socket.startswith("/tmp/hermes-sandbox-")  # the relay's socket, in the instance
     (start,) = cli.calls_of("instance", "start")

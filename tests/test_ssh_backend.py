@@ -46,6 +46,7 @@ from hermes_sandbox.environments import (
     get_environment_class,
 )
 from hermes_sandbox.environments.errors import SpawnNotAvailable
+from hermes_sandbox.environments.exec_stream import helper_failure_text
 from hermes_sandbox.environments.ssh import (
     SSHEnvironment,
     SSHSettings,
@@ -469,6 +470,42 @@ async def test_stage_dir_is_private_and_removed(server: Server) -> None:
 
 
 @pytest.mark.anyio
+async def test_the_relay_exec_makes_its_stage_exclusively(server: Server) -> None:
+    """A stage the relay's exec makes is new and private: at a path someone else took
+    first it writes nothing, starts no relay and says why."""
+    async with SSHEnvironment(server.config()) as env:
+        path = env.fresh_stage_path("hermes-sandbox-")
+        assert path is not None and os.path.dirname(path) == "/tmp"
+        os.mkdir(path, 0o777)  # taken first, by another user (root here)
+        try:
+            stream = await env.open_relay(
+                path, [], files={"_hermes_relay.py": b"print('ran')\n"}, make_stage=True
+            )
+            out = b"".join([chunk async for chunk in stream])
+            code = await stream.wait()
+            await stream.aclose()
+            assert (out, code) == (b"", 125)
+            assert "EEXIST" in helper_failure_text(stream.stderr_tail) or (
+                "File exists" in helper_failure_text(stream.stderr_tail)
+            )
+            assert os.listdir(path) == []
+        finally:
+            os.rmdir(path)
+        made = env.fresh_stage_path("hermes-sandbox-")
+        assert made is not None and made != path
+        stream = await env.open_relay(
+            made, [], files={"_hermes_relay.py": b"print('ran')\n"}, make_stage=True
+        )
+        out = b"".join([chunk async for chunk in stream])
+        assert (out, await stream.wait()) == (b"ran\n", 0)
+        await stream.aclose()
+        info = os.stat(made)
+        assert (info.st_mode & 0o777, info.st_uid) == (0o700, server.uid)
+        await env.remove_tree(made)
+        assert not await anyio.Path(made).exists()
+
+
+@pytest.mark.anyio
 async def test_exec_stream_env_cwd_and_secrets_stay_off_command_lines(server: Server) -> None:
     """open_exec_stream's env reaches the program, quoted intact; the stream carries
     stdin both ways and ends cleanly."""
@@ -801,6 +838,59 @@ def test_nothing_is_left_behind(server: Server) -> None:
         assert wait_gone([int((scratch / "pid").read_text())]) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def count_execs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The argv of every exec the ssh backend opens from now on."""
+    seen: list[list[str]] = []
+    original = SSHEnvironment._open_exec
+
+    async def counted(self: SSHEnvironment, argv: list[str], **kwargs: Any) -> Any:
+        seen.append(list(argv))
+        return await original(self, argv, **kwargs)
+
+    monkeypatch.setattr(SSHEnvironment, "_open_exec", counted)
+    return seen
+
+
+def test_a_run_is_one_exec_that_makes_and_removes_its_stage(
+    server: Server, own_known_hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a probed connection a one-shot run opens one exec: it makes the stage, the
+    relay runs the script and removes the stage, so no stage exec and no removal exec."""
+    options = {**server.options(), "known_hosts": own_known_hosts}
+    first = execute_code("print(1)", backend="ssh", backend_options=options, timeout=20)
+    assert first.output.strip() == "1"
+    execs = count_execs(monkeypatch)
+    code = "import os; print(os.path.dirname(os.path.abspath(__file__)))"
+    result = execute_code(code, backend="ssh", backend_options=options, timeout=20)
+    assert result.status == "success", result.output
+    stage = result.output.strip()
+    assert STAGE_RE.match(os.path.basename(stage)), stage
+    assert not os.path.exists(stage)
+    assert len(execs) == 1, execs
+    assert "relay" in execs[0] and stage in execs[0]
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("raise SystemExit(3)", "error"),  # the relay removes the stage and says so
+        # The relay killed: it reports nothing, so the host removes the stage itself.
+        ("import os, signal, time; os.kill(os.getppid(), signal.SIGKILL); time.sleep(5)", None),
+    ],
+)
+def test_no_stage_is_left_behind_whoever_ends_the_run(
+    server: Server, monkeypatch: pytest.MonkeyPatch, code: str, status: str | None
+) -> None:
+    """A crashed script, or a relay that was killed: the ``server`` fixture checks that
+    the stage is gone; an rm exec is opened only where the relay did not remove it."""
+    execs = count_execs(monkeypatch)
+    result = execute_code(code, backend="ssh", backend_options=server.options(), timeout=20)
+    if status is not None:
+        assert result.status == status, result.output
+    removals = [argv for argv in execs if argv[:2] == ["rm", "-rf"]]
+    assert len(removals) == (0 if status else 1), execs
 
 
 def test_connection_is_reused_by_consecutive_runs(server: Server, own_known_hosts: str) -> None:

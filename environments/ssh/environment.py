@@ -209,6 +209,12 @@ class SSHEnvironment(ExecStreamEnvironment):
         self._stages.add(path)
         return path
 
+    def fresh_stage_path(self, prefix: str) -> str | None:
+        path = super().fresh_stage_path(prefix)
+        if path is not None:
+            self._stages.add(path)  # made by the relay's exec: removed as a stage
+        return path
+
     async def remove_tree(self, path: str) -> None:
         """A stage made here is removed with ``rm -rf`` (it follows no symlink; no
         remote Python start), anything else by the helper."""
