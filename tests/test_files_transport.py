@@ -210,7 +210,10 @@ async def test_calls_overlap_and_each_is_answered(tmp_path: Path) -> None:
 async def test_files_with_other_names_are_removed(tmp_path: Path) -> None:
     handler = CountingHandler()
     async with serving(tmp_path, handler):
-        (tmp_path / "not a request").write_bytes(request())
+        # Renamed in, as a script would, so inotify reports it at once (a file created
+        # in place is found by the next SAFETY_RESCAN instead).
+        (tmp_path / ".other").write_bytes(request())
+        os.rename(tmp_path / ".other", tmp_path / "not a request")
         put(tmp_path, "x" * 101, request())  # key too long
         reply = await ask(tmp_path, "ok-1", request())
         assert "result" in reply
