@@ -70,9 +70,9 @@ KEPT_REPLIES = 256
 SAFETY_RESCAN = 0.5
 POLL_MIN, POLL_MAX = 0.0005, 0.01
 SERVING_THREAD = "hermes-rpc-files"  # the name of every serving thread
-# How long the end of a run waits for the serving threads to finish (they wake at once;
-# a tool that outlived the drain is abandoned, and its thread closes what is left).
-_THREADS_EXIT_SECONDS = 2.0
+# How long the end of a run waits for the serving threads to stop reading and end (they
+# wake at once; this only bounds a surprise).
+_EXIT_SECONDS = 2.0
 
 _IN_MOVED_TO = 0x00000080
 _IN_Q_OVERFLOW = 0x00004000
@@ -487,8 +487,12 @@ async def serve_files(server: RPCServer, directory: str) -> AsyncIterator[FileCh
                     channel.shut()
                     channel.close_later()
                     tasks.cancel_scope.cancel()
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(_THREADS_EXIT_SECONDS):
-                        await channel.ended.wait()
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_EXIT_SECONDS):
+                        await channel.readers_gone.wait()
+                        # No tool left running (an abandoned one keeps its thread, which
+                        # closes the directory when it returns): the threads end now.
+                        if not channel.calls_in_flight:
+                            await channel.ended.wait()
         finally:
             if not started:
                 channel.close()

@@ -198,6 +198,11 @@ class LeaderFollowers:
         finally:
             self._call_done()
 
+    @property
+    def calls_in_flight(self) -> int:
+        """Requests taken and not yet answered (in threads or on the loop)."""
+        return self._calls
+
     def _call_done(self) -> None:
         with self._state:
             self._calls -= 1
