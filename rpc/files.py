@@ -29,8 +29,8 @@ goes to the run's event loop.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
+import functools
 import logging
 import math
 import os
@@ -81,12 +81,20 @@ _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """libc, loaded once: ``find_library`` runs ``ldconfig -p`` in a subprocess, which
+    cost each run's start a fork and exec on the event loop. The interpreter's own
+    symbols hold libc's on Linux (as in the script's client)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 class _Inotify:
     """The few inotify calls needed, through libc (Linux). ``fd`` is readable when
     something was renamed into the watched directory (a request, or a reply of ours)."""
 
     def __init__(self, directory: str) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _libc()
         self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
