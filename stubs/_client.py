@@ -165,6 +165,34 @@ class _Connection(object):
             pass
 
 
+# os.open/os.read rather than open(): a call's files are small and new, and the file
+# object's extra fstat, ioctl and lseek calls cost about a tenth of a files round trip.
+_O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
+
+
+def _write_file(path, data):
+    fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC | _O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[_os.write(fd, view) :]
+    finally:
+        _os.close(fd)
+
+
+def _read_file(path):
+    fd = _os.open(path, _os.O_RDONLY | _O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = _os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        _os.close(fd)
+
+
 class _ReplyWatch(object):
     """inotify on the call directory (Linux, through ctypes): the names of the files
     renamed into it, so a waiting caller wakes when its reply lands instead of polling.
@@ -255,8 +283,7 @@ class _FileConnection(object):
         with self._cond:
             self._waiting.add(reply_name)  # before the request: its reply may be quick
         try:
-            with open(temporary, "wb") as f:
-                f.write(_HEADER.pack(len(body)) + body)
+            _write_file(temporary, _HEADER.pack(len(body)) + body)
             _os.rename(temporary, _os.path.join(self._directory, key + ".req"))
         except OSError as exc:
             with self._cond:
@@ -336,8 +363,7 @@ class _FileConnection(object):
         for name in names:
             path = _os.path.join(self._directory, name)
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = _read_file(path)
             except FileNotFoundError:
                 continue
             except OSError as exc:
