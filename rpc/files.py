@@ -17,19 +17,30 @@ in the directory when serving starts are removed first, never run; a request tha
 arrives again under a key already seen never runs its tool twice. The host wakes on
 inotify events (Linux), else polls with a short back-off. What a hostile script can
 and cannot do to the host through this directory is in docs/security.md, "Transports".
+
+The directory is served by blocking threads, leader/followers (rpc/threaded.py), like a
+Unix socket connection: the leader waits on inotify (or polls), reads and removes the
+request files, has each parsed and authenticated once (:meth:`RPCServer.take`), and for
+a sync tool hands the watching to a follower before it runs the tool on its own thread
+and writes the reply file. No event-loop pass and no thread hop per call; an async tool
+goes to the run's event loop.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
+import functools
 import logging
+import math
 import os
 import re
 import secrets
+import select
 import stat
 import struct
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,11 +50,12 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from hermes_sandbox import threads
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import FrameError
 from hermes_sandbox.rpc.framing import HEADER, HEADER_SIZE, encode_frame
-from hermes_sandbox.rpc.messages import Request
-from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.rpc.server import Reply, RPCServer
+from hermes_sandbox.rpc.threaded import Item, LeaderFollowers
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +69,10 @@ KEPT_REPLIES = 256
 # filesystem that does not report them); the poll back-off where inotify is missing.
 SAFETY_RESCAN = 0.5
 POLL_MIN, POLL_MAX = 0.0005, 0.01
-# Worker threads of one channel's file I/O: its own limiter, so a stuck filesystem
-# never takes the threads that the rest of the run (the kill path) needs.
-FILE_THREADS = 2
+SERVING_THREAD = "hermes-rpc-files"  # the name of every serving thread
+# How long the end of a run waits for the serving threads to stop reading and end (they
+# wake at once; this only bounds a surprise).
+_EXIT_SECONDS = 2.0
 
 _IN_MOVED_TO = 0x00000080
 _IN_Q_OVERFLOW = 0x00004000
@@ -68,12 +81,20 @@ _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """libc, loaded once: ``find_library`` runs ``ldconfig -p`` in a subprocess, which
+    cost each run's start a fork and exec on the event loop. The interpreter's own
+    symbols hold libc's on Linux (as in the script's client)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 class _Inotify:
     """The few inotify calls needed, through libc (Linux). ``fd`` is readable when
     something was renamed into the watched directory (a request, or a reply of ours)."""
 
     def __init__(self, directory: str) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _libc()
         self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
@@ -121,7 +142,7 @@ class _Refusal(Exception):
         self.reply = messages.error_reply(None, kind, message)
 
 
-class FileChannel:
+class FileChannel(LeaderFollowers):
     """Serves the request files of one run's directory with an :class:`RPCServer`.
 
     The directory is opened once (``O_DIRECTORY | O_NOFOLLOW``) and every operation is
@@ -129,35 +150,57 @@ class FileChannel:
     symlink in its place moves nothing: the host goes on serving the directory it
     opened, wherever it now is, and never looks inside the symlink's target. Requests
     are opened ``O_NONBLOCK | O_NOFOLLOW`` and refused unread unless they are regular
-    files with one link. File I/O runs in worker threads of the channel's own limiter,
-    never on the event loop or in anyio's shared pool. Use :meth:`open` /
-    :meth:`aclose` (or :func:`serve_files`).
+    files with one link. File I/O runs in the channel's own serving threads
+    (leader/followers, :class:`~rpc.threaded.LeaderFollowers`), never on the event loop
+    or in anyio's shared pool; the last of them closes the directory. Use
+    :func:`serve_files`.
     """
 
-    def __init__(self, server: RPCServer, directory: str) -> None:
-        self._server = server
+    thread_name = SERVING_THREAD
+
+    def __init__(self, server: RPCServer, directory: str, tasks: anyio.abc.TaskGroup) -> None:
+        super().__init__(server, tasks)
         self._directory = directory
         self._fd = -1
-        self._limiter = anyio.CapacityLimiter(FILE_THREADS)
+        self._watcher: _Inotify | None = None
+        self._wake = (-1, -1)  # a pipe: shut() writes to it to wake the leader
+        self._poller = select.poll()
+        self._rescan = True  # look at every entry, not only the renames reported
+        self._delay = POLL_MIN  # the poll back-off where there is no inotify
+        self._keys = threading.Lock()  # guards the four below (senders are any thread)
         self._seen: set[str] = set()
         self._in_flight: set[str] = set()  # keys whose tool still runs
-        # Entries refused and not removable (a non-empty directory): never looked at again.
-        self._ignored: set[tuple[str, int]] = set()
         self._replies: OrderedDict[str, bytes] = OrderedDict()
-        self._outbox: list[tuple[str, bytes]] = []  # replies waiting for the writer
-        self._outbox_filled = anyio.Event()
         self.requests_served = 0
+        # Entries refused and not removable (a non-empty directory): never looked at
+        # again. The leader's alone.
+        self._ignored: set[tuple[str, int]] = set()
 
     def open(self) -> None:
-        """Open the directory; raise OSError if it is not a directory (or a symlink)."""
+        """Open the directory and what wakes the leader; raise OSError if it is not a
+        directory (or a symlink)."""
         self._fd = os.open(
             self._directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         )
+        try:
+            self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._poller.register(self._wake[0], select.POLLIN)
+            self._watcher = _watcher(self.watch_path)
+            if self._watcher is not None:
+                self._poller.register(self._watcher.fd, select.POLLIN)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the directory, the watcher and the wake pipe (once no thread uses them)."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        for fd in (*self._wake, self._fd):
+            if fd >= 0:
+                os.close(fd)
+        self._wake, self._fd = (-1, -1), -1
 
     @property
     def watch_path(self) -> str:
@@ -165,13 +208,7 @@ class FileChannel:
         proc = f"/proc/self/fd/{self._fd}"
         return proc if os.path.isdir(proc) else self._directory
 
-    async def _in_thread(self, function: Any, *args: Any) -> Any:
-        # Never abandoned on cancel (unlike a tool's thread): each operation is bounded
-        # (nothing here opens a file that can block), and the directory handle it uses
-        # is closed only after every one of them has returned, never under it.
-        return await anyio.to_thread.run_sync(function, *args, limiter=self._limiter)
-
-    # -- files (called in worker threads) ----------------------------------------------
+    # -- files (called in the serving threads) ----------------------------------------------
 
     def _remove(self, name: str) -> bool:
         """Remove an entry of the directory, whatever it is; False if it could not be."""
@@ -227,10 +264,6 @@ class FileChannel:
         except OSError as exc:  # the directory is full or its reply name is taken
             log.warning("could not write the reply to %s: %s", key, exc)
             self._remove(temporary)
-
-    def _write_replies(self, replies: list[tuple[str, bytes]]) -> None:
-        for key, frame in replies:
-            self._write_reply(key, frame)
 
     def _read_request(self, name: str) -> bytes:
         """Read and remove a request file; raise :class:`_Refusal` for anything but a
@@ -328,7 +361,46 @@ class FileChannel:
                     held += len(item[1])
         return len(names), False, taken
 
-    # -- requests ----------------------------------------------------------------------
+    # -- requests (LeaderFollowers) ----------------------------------------------------
+
+    def _read(self) -> bool:
+        """Wait for request files, take them, and put what each gets in ``_ready``;
+        False once the channel is shut."""
+        names = self._wait()
+        if self.closed:
+            return False
+        count, self._rescan, taken = self._take_all(names)
+        if self._watcher is None:
+            self._delay = POLL_MIN if count else min(self._delay * 2, POLL_MAX)
+        for key, item in taken:
+            ready = self._admit(key, item)
+            if ready is not None:
+                self._ready.append(ready)
+        return True
+
+    def _wait(self) -> set[str] | None:
+        """The names that may be requests, once renames bring some; None (look at
+        every entry) to rescan, if the kernel dropped events, without inotify, or if
+        nothing came within SAFETY_RESCAN. The renames of the host's own replies are
+        read and passed over. Returns early, with nothing, once shut."""
+        if self._rescan:
+            self._rescan = False
+            return None
+        if self._watcher is None:  # the poller holds only the wake pipe: a sleep
+            self._poller.poll(math.ceil(self._delay * 1000))
+            return None
+        deadline = time.monotonic() + SAFETY_RESCAN
+        while not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._poller.poll(math.ceil(left * 1000)):
+                return None
+            names = self._watcher.names()
+            if names is None:
+                return None
+            names = {n for n in names if _may_be_request(n)}
+            if names:
+                return names
+        return set()
 
     def _body(self, data: bytes) -> bytes:
         """A request file's frame body: the file must be exactly one frame."""
@@ -341,123 +413,57 @@ class FileChannel:
             )
         return data[HEADER_SIZE:]
 
-    def _remember(self, key: str, frame: bytes) -> None:
-        self._replies[key] = frame
-        while len(self._replies) > KEPT_REPLIES:
-            self._replies.popitem(last=False)
-
-    def _answer(self, key: str, reply: dict[str, Any]) -> bytes:
-        frame = encode_frame(reply)
-        self._remember(key, frame)
-        return frame
-
-    async def _answer_later(self, key: str, request: Request) -> None:
-        try:
-            frame = self._answer(key, await self._server.reply_later(request))
-        finally:
-            self._in_flight.discard(key)
-        self._send([(key, frame)])
-
-    def _send(self, replies: list[tuple[str, bytes]]) -> None:
-        self._outbox += replies
-        self._outbox_filled.set()
-
-    async def _write_outbox(self) -> None:
-        """Write the replies as they come, until cancelled: those that come while a
-        batch is written go in the next, so many calls answered at once cost one thread
-        hop, not one each."""
-        while True:
-            await self._outbox_filled.wait()
-            self._outbox_filled = anyio.Event()
-            batch, self._outbox = self._outbox, []
-            await self._in_thread(self._write_replies, batch)
-
-    def _serve(
-        self, key: str, taken: bytes | dict[str, Any], tasks: anyio.abc.TaskGroup
-    ) -> bytes | None:
-        """The reply frame to write now for a taken request, or None (answered later)."""
-        self.requests_served += 1
-        if key in self._seen:
-            # A retry: never run the tool again. Answer as before, if still known; one
-            # whose tool still runs gets the one answer when it finishes.
-            if key in self._in_flight:
-                return None
-            frame = self._replies.get(key)
-            if frame is not None:
-                return frame
-            reply = messages.error_reply(
-                None,
-                messages.BAD_REQUEST,
-                f"request {key} was answered already and is not run twice",
-            )
-            return encode_frame(reply)
-        self._seen.add(key)
+    def _admit(self, key: str, taken: bytes | Reply) -> Item | None:
+        """What a taken request gets: (a Request to run, or the reply to write now, a
+        dict or an encoded frame; its key), or None when it is answered later."""
+        with self._keys:
+            self.requests_served += 1
+            if key in self._seen:
+                # A retry: never run the tool again. Answer as before, if still known;
+                # one whose tool still runs gets the one answer when it finishes.
+                if key in self._in_flight:
+                    return None
+                frame = self._replies.get(key)
+                if frame is None:
+                    reply = messages.error_reply(
+                        None,
+                        messages.BAD_REQUEST,
+                        f"request {key} was answered already and is not run twice",
+                    )
+                    frame = encode_frame(reply)
+                return frame, key
+            self._seen.add(key)
+            self._in_flight.add(key)  # until _send has its reply
         if isinstance(taken, dict):
-            return self._answer(key, taken)
+            return taken, key
         try:
-            item = self._server.take(self._body(taken))
+            return self._server.take(self._body(taken)), key
         except FrameError as exc:
-            return self._answer(key, self._server.framing_refusal(exc))
-        if isinstance(item, Request):
-            self._in_flight.add(key)
-            tasks.start_soon(self._answer_later, key, item)
-            return None
-        return self._answer(key, item)
+            return self._server.framing_refusal(exc), key
 
-    async def scan(
-        self, tasks: anyio.abc.TaskGroup, names: set[str] | None = None
-    ) -> tuple[int, bool]:
-        """Serve the request files among ``names`` (None: every entry): how many
-        entries there were, and whether some were left for the next scan (the run's cap
-        on buffered bytes)."""
-        count, more, taken = await self._in_thread(self._take_all, names)
-        replies = []
-        for key, item in taken:
-            frame = self._serve(key, item, tasks)
-            if frame is not None:
-                replies.append((key, frame))
-        if replies:
-            self._send(replies)
-        return int(count), bool(more)
+    def _send(self, reply: Reply | bytes, key: str) -> None:
+        """Write the reply file of ``key`` (any thread); a new reply is remembered for
+        a retry of its request."""
+        if isinstance(reply, bytes):
+            frame = reply  # a retry's: remembered already, or not to be
+        else:
+            frame = encode_frame(reply)
+            with self._keys:
+                self._replies[key] = frame
+                while len(self._replies) > KEPT_REPLIES:
+                    self._replies.popitem(last=False)
+                self._in_flight.discard(key)
+        if not self.closed:
+            self._write_reply(key, frame)
 
-    async def run(self) -> None:
-        """Serve until cancelled."""
-        watcher = _watcher(self.watch_path)
+    def _wake_readers(self) -> None:
         try:
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._write_outbox)
-                delay = POLL_MIN
-                names: set[str] | None = None  # the first scan looks at everything
-                while True:
-                    busy, more = await self.scan(tasks, names)
-                    if more:
-                        names = None
-                        continue
-                    if watcher is None:
-                        delay = POLL_MIN if busy else min(delay * 2, POLL_MAX)
-                        await anyio.sleep(delay)
-                        continue
-                    names = await _renamed(watcher)
+            os.write(self._wake[1], b"x")
+        except OSError:  # full: the leader is being woken already
+            pass
 
-        finally:
-            if watcher is not None:
-                watcher.close()
-
-
-async def _renamed(watcher: _Inotify) -> set[str] | None:
-    """The names that may be requests, once renames bring some; None (look at every
-    entry) if the kernel dropped events or nothing came within SAFETY_RESCAN. The
-    renames of the host's own replies are read and passed over without a scan."""
-    with anyio.move_on_after(SAFETY_RESCAN):
-        while True:
-            await anyio.wait_readable(watcher.fd)
-            names = watcher.names()
-            if names is None:
-                return None
-            names = {n for n in names if _may_be_request(n)}
-            if names:
-                return names
-    return None
+    def _release(self) -> None:
+        self.close()
 
 
 def _may_be_request(name: str) -> bool:
@@ -468,22 +474,36 @@ def _may_be_request(name: str) -> bool:
 @asynccontextmanager
 async def serve_files(server: RPCServer, directory: str) -> AsyncIterator[FileChannel]:
     """Serve the request files of ``directory`` (which must exist, private to the run)
-    while the context is open. Files already there are removed first."""
-    channel = FileChannel(server, directory)
-    channel.open()
-    try:
-        await anyio.to_thread.run_sync(channel.remove_stale, limiter=channel._limiter)
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(channel.run)
+    while the context is open. Files already there are removed first. Leaving the
+    context (cancelled too) waits for the calls in flight (:meth:`RPCServer.drain`),
+    then stops the serving threads; the last of them closes the directory."""
+    async with anyio.create_task_group() as tasks:
+        channel = FileChannel(server, directory, tasks)
+        channel.open()
+        started = False
+        try:
+            await anyio.to_thread.run_sync(channel.remove_stale, limiter=threads.tool_limiter())
+            tasks.start_soon(channel.run_later)
+            channel.start()
+            started = True
             try:
                 yield channel
             finally:
                 try:
                     await server.drain()
                 finally:
+                    channel.shut()
+                    channel.close_later()
                     tasks.cancel_scope.cancel()
-    finally:
-        channel.close()
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_EXIT_SECONDS):
+                        await channel.readers_gone.wait()
+                        # No tool left running (an abandoned one keeps its thread, which
+                        # closes the directory when it returns): the threads end now.
+                        if not channel.calls_in_flight:
+                            await channel.ended.wait()
+        finally:
+            if not started:
+                channel.close()
 
 
 __all__ = ["REPLY_SUFFIX", "REQUEST_SUFFIX", "FileChannel", "serve_files"]

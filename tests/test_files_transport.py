@@ -27,9 +27,10 @@ import psutil
 import pytest
 
 from hermes_sandbox import execute_code_async
+from hermes_sandbox import threads as host_threads
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
-from hermes_sandbox.rpc.files import FileChannel, serve_files
+from hermes_sandbox.rpc.files import SERVING_THREAD, FileChannel, serve_files
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.tools.registry import ToolRegistry
@@ -210,7 +211,10 @@ async def test_calls_overlap_and_each_is_answered(tmp_path: Path) -> None:
 async def test_files_with_other_names_are_removed(tmp_path: Path) -> None:
     handler = CountingHandler()
     async with serving(tmp_path, handler):
-        (tmp_path / "not a request").write_bytes(request())
+        # Renamed in, as a script would, so inotify reports it at once (a file created
+        # in place is found by the next SAFETY_RESCAN instead).
+        (tmp_path / ".other").write_bytes(request())
+        os.rename(tmp_path / ".other", tmp_path / "not a request")
         put(tmp_path, "x" * 101, request())  # key too long
         reply = await ask(tmp_path, "ok-1", request())
         assert "result" in reply
@@ -293,3 +297,88 @@ async def test_rounds_of_runs_leave_no_descriptors_or_threads_behind() -> None:
     threads = [c[1] for c in counts]
     assert fds[1:] == [fds[0]] * 3, f"open descriptors after each round: {fds}"
     assert threads[1:] == [threads[0]] * 3, f"threads after each round: {threads}"
+
+
+class BlockingHandler:
+    """Sync tools, as users register them: ``block`` blocks its thread until released.
+    Records the name of each thread a tool ran on."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self.thread_names: list[str] = []
+
+    def answer_blocking(self, request: Request) -> str:
+        self.thread_names.append(threading.current_thread().name)
+        if request.tool == "block":
+            self.entered.release()
+            self.release.wait(60)
+        return json.dumps({"echo": request.args})
+
+    async def __call__(self, request: Request) -> str:
+        raise AssertionError("a sync tool never goes to the event loop")
+
+
+def serving_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == SERVING_THREAD and t.is_alive()]
+
+
+async def wait_until(predicate: Any, what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():  # threads end outside the loop: nothing to wait on but time
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+async def test_a_blocked_sync_tool_never_stalls_the_other_calls(tmp_path: Path) -> None:
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    async with serve_files(server, str(tmp_path)):
+        await anyio.to_thread.run_sync(put, tmp_path, "b-1", request(tool="block"))
+        entered = await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
+        assert entered, "the blocking tool never started"
+        for k in range(3):  # answered while "block" still holds its thread
+            reply = await ask(tmp_path, f"e-{k}", request(x=k))
+            assert reply == {"id": 1, "result": json.dumps({"echo": {"x": k}})}
+        handler.release.set()
+        reply = await anyio.to_thread.run_sync(wait_reply, tmp_path, "b-1")
+        assert "result" in reply
+    # Each ran on the channel's own serving threads: no hop to a pool or the loop.
+    assert set(handler.thread_names) == {SERVING_THREAD}
+    await wait_until(lambda: not serving_threads(), "every serving thread ended")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("end", ["drained", "cancelled"])
+async def test_run_end_while_a_sync_tool_blocks_leaves_nothing_behind(
+    tmp_path: Path, end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ends (after the drain's bound, or cancelled as by Ctrl-C) while a sync
+    tool blocks: every serving thread but the tool's is gone at once, and when the tool
+    returns its thread writes nothing and closes the directory and the watch."""
+    monkeypatch.setattr(host_threads, "TOOL_CALL_DRAIN_SECONDS", 0.5)
+    process = psutil.Process()
+    fds = process.num_fds()
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    try:
+        with anyio.CancelScope() as scope:
+            async with serve_files(server, str(tmp_path)):
+                for k in range(3):
+                    await anyio.to_thread.run_sync(put, tmp_path, f"b-{k}", request(tool="block"))
+                for _ in range(3):
+                    entered = await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
+                    assert entered, "a blocking tool never started"
+                if end == "cancelled":
+                    scope.cancel()
+                    await anyio.sleep_forever()
+        # Only the threads inside the tools stay (the others are ending).
+        await wait_until(lambda: len(serving_threads()) == 3, "the readers ended")
+        assert process.num_fds() > fds  # the directory stays open under them
+    finally:
+        handler.release.set()
+    await wait_until(lambda: not serving_threads(), "the tools' threads ended")
+    assert process.num_fds() == fds
+    assert os.listdir(tmp_path) == []  # no reply written after the end
