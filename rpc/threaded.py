@@ -27,6 +27,7 @@ gets back with its reply (the files transport's request key; None on a socket).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections import deque
 from typing import Any
@@ -381,5 +382,15 @@ class _HandOffWatch:
 
 
 _WATCH = _HandOffWatch()
+
+
+def _new_watch_after_fork() -> None:
+    # A forked child has none of its parent's threads: a watch that believes its
+    # thread runs would never hand a blocked call's turn on. The child starts its own.
+    global _WATCH
+    _WATCH = _HandOffWatch()
+
+
+os.register_at_fork(after_in_child=_new_watch_after_fork)
 
 __all__ = ["HAND_OFF_SECONDS", "SOURCE_THREADS", "LeaderFollowers"]

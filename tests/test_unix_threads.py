@@ -202,6 +202,27 @@ async def test_the_hand_off_watch_sleeps_once_calls_stop(socket_dir: str) -> Non
         result(await client.call(request(99, "echo", {"again": 1})), 99)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, 3.12+
+def test_a_forked_child_starts_a_watch_of_its_own() -> None:
+    """The parent's watch thread does not exist in a forked child: the child's first
+    call must start one, or a blocked tool there would hold its connection."""
+
+    class Quiet:  # a source with no call: the watch drops it at its second tick
+        _state = threading.Lock()
+        _lent = False
+        _lent_calls = 0
+        _watched = True
+
+    assert threaded._WATCH.watch(Quiet())  # type: ignore[arg-type]  # starts the thread
+    assert threaded._WATCH._thread is not None
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit code only
+        fresh = threaded._WATCH._thread is None and threaded._WATCH.idle
+        os._exit(0 if fresh else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 async def test_a_peer_that_never_reads_its_replies_holds_bounded_threads(
     socket_dir: str,
 ) -> None:
