@@ -348,11 +348,14 @@ class RequestReader:
             bodies = self._splitter.feed(data)
         finally:
             held = self._splitter.pending
-            with server._lock:
-                server.buffered += held - self._held
-                buffered = server.buffered
-            self._held = held
-        if held and buffered > server.max_buffered_bytes:
+            grown = held > self._held
+            if held != self._held:  # whole frames, the common case, change nothing
+                with server._lock:
+                    server.buffered += held - self._held
+                    buffered = server.buffered
+                self._held = held
+        # The run's cap is checked by the connection whose unfinished frame grew.
+        if grown and buffered > server.max_buffered_bytes:
             raise _RunBufferFull(buffered, server.max_buffered_bytes)
         return [server.take(body) for body in bodies]
 

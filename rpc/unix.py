@@ -7,13 +7,14 @@ the token is the second lock.
 Each connection is served with blocking reads in threads, leader/followers
 (:class:`_ThreadedConnection`, a :class:`~rpc.threaded.LeaderFollowers`): one thread at
 a time, the leader, reads; the thread that reads a whole request has it parsed and
-authenticated once (:meth:`RPCServer.take`), and for a sync tool hands the reading to a
-follower *before* it runs the tool on its own thread, writes the reply and becomes a
-follower again. A call so costs its two syscalls, a lock hand-off and the tool, with no
-event-loop pass and no thread hop. An async tool goes to the run's event loop, where it
-runs in the connection's task group. The threads are bounded per connection and per run
-(:attr:`RPCServer.thread_slots`): when none is left, the thread that read a request runs
-it without handing off, and the peer's further requests wait in the socket.
+authenticated once (:meth:`RPCServer.take`), runs a sync tool itself while keeping the
+read turn, writes the reply and reads on, so a quick call costs its two syscalls and the
+tool, with no event-loop pass, no thread hop and no thread woken. A tool that runs
+past the hand-off watch's tick has the turn handed to a follower, which serves the
+requests behind it. An async tool goes to the run's event loop, where it runs in the
+connection's task group. The threads are bounded per connection and per run
+(:attr:`RPCServer.thread_slots`): when none is left, a long call keeps the turn, and
+the peer's further requests wait in the socket.
 """
 
 from __future__ import annotations

@@ -52,6 +52,18 @@ class Budget:
         return chain
 
     def _spend(self, calls: int, output: int) -> bool:
+        if self.parent is None:  # a run's own budget, the common case: one lock, no list
+            with self._lock:
+                if calls and self.used + calls > self.limit:
+                    return False
+                if (
+                    self.max_output_bytes is not None
+                    and self.output_used + output > self.max_output_bytes
+                ):
+                    return False
+                self.used += calls
+                self.output_used += output
+                return True
         chain = self._chain()
         for budget in chain:
             budget._lock.acquire()

@@ -314,6 +314,30 @@ def test_a_budget_charges_its_whole_chain_and_never_overspends() -> None:
     assert parent.exhausted() == "tool calls"
 
 
+def test_a_budget_of_its_own_never_overspends_from_many_threads() -> None:
+    """A run's own budget (no parent) is charged under its one lock: threads racing
+    for the last calls and bytes never get more than the limits."""
+    budget = Budget(1000, max_output_bytes=3000)
+    granted: list[int] = []
+    written: list[int] = []
+    start = threading.Barrier(8)
+
+    def spend() -> None:
+        start.wait()
+        granted.append(sum(budget.try_spend() for _ in range(300)))
+        written.append(sum(7 for _ in range(300) if budget.try_spend_output(7)))
+
+    workers = [threading.Thread(target=spend) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert sum(granted) == budget.used == 1000
+    assert sum(written) == budget.output_used == 2996  # 428 writes of 7 bytes fit in 3000
+    assert budget.try_spend() is False and budget.try_spend_output(5) is False
+    assert budget.try_spend_output(4) is True and budget.exhausted() == "tool calls"
+
+
 # -- depth ------------------------------------------------------------------------------------
 
 

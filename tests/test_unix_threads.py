@@ -26,6 +26,7 @@ import pytest
 from test_rpc_server import RawClient, raw_client, request
 
 from hermes_sandbox import threads as host_threads
+from hermes_sandbox.rpc import threaded
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.rpc.unix import CONNECTION_THREADS, SERVING_THREAD, serve_unix_socket
@@ -132,6 +133,96 @@ async def test_sequential_calls_reuse_the_connection_threads(socket_dir: str) ->
     await wait_until(lambda: not new_threads(before), "the connection's threads ended")
 
 
+async def test_a_blocked_sync_tool_never_stalls_the_calls_behind_it(socket_dir: str) -> None:
+    """A sync tool runs on the thread that read it, which keeps the read turn; when the
+    tool blocks, the hand-off watch gives the turn to another thread, so the requests
+    read with it and those sent after it on the same connection are answered while it
+    still blocks."""
+    before = set(threading.enumerate())
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    try:
+        async with (
+            serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+            raw_client(path) as client,
+        ):
+            # In one write: the thread that reads "block" has read the echo too.
+            await client.send(request(1, "block") + request(2, "echo", {"behind": 1}))
+            assert await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
+            assert result(await client.reply(), 2) == {"behind": 1}
+            for i in range(3, 6):  # sent after it, on the same connection
+                assert result(await client.call(request(i, "echo", {"i": i})), i) == {"i": i}
+            handler.release.set()
+            assert result(await client.reply(), 1) == {"released": True}
+    finally:
+        handler.release.set()
+    await wait_until(lambda: not new_threads(before), "the connection's threads ended")
+
+
+async def test_blocked_calls_hold_no_more_threads_than_the_run_allows(socket_dir: str) -> None:
+    """Every blocked call has the turn handed on, but a thread is started for it only
+    while the run has a slot: past that, the thread that holds the turn keeps it and
+    the requests wait; another connection is still served by its own first thread."""
+    before = set(threading.enumerate())
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN, max_threads=2)
+    try:
+        async with (
+            serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+            raw_client(path) as greedy,
+        ):
+            await greedy.send(b"".join(request(i, "block") for i in range(8)))
+            for _ in range(3):  # the connection's own thread and the run's two slots
+                assert await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
+            # Many hand-off ticks later, no fourth call has started.
+            assert not await anyio.to_thread.run_sync(handler.entered.acquire, True, 0.3)
+            assert len(new_threads(before)) <= 3
+            async with raw_client(path) as other:
+                assert result(await other.call(request(9, "echo", {"ok": 1})), 9) == {"ok": 1}
+            handler.release.set()
+            replies = await greedy.replies(8)
+            assert sorted(r["id"] for r in replies) == list(range(8))
+    finally:
+        handler.release.set()
+    await wait_until(lambda: not new_threads(before), "every serving thread ended")
+
+
+async def test_the_hand_off_watch_sleeps_once_calls_stop(socket_dir: str) -> None:
+    """The watch ticks only while calls run: a tick with no call takes the connection
+    off it, and with none left it waits without a timeout (no wake-ups while idle)."""
+    server = RPCServer(BlockingHandler(), token=TOKEN)
+    async with (
+        serve_unix_socket(server, os.path.join(socket_dir, "s")) as path,
+        raw_client(path) as client,
+    ):
+        for i in range(20):
+            result(await client.call(request(i, "echo", {"i": i})), i)
+        await wait_until(lambda: threaded._WATCH.idle, "the watch has nothing to look at")
+        # A call after the quiet spell puts the connection back on the watch.
+        result(await client.call(request(99, "echo", {"again": 1})), 99)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, 3.12+
+def test_a_forked_child_starts_a_watch_of_its_own() -> None:
+    """The parent's watch thread does not exist in a forked child: the child's first
+    call must start one, or a blocked tool there would hold its connection."""
+
+    class Quiet:  # a source with no call: the watch drops it at its second tick
+        _state = threading.Lock()
+        _lent = False
+        _lent_calls = 0
+        _watched = True
+
+    assert threaded._WATCH.watch(Quiet())  # type: ignore[arg-type]  # starts the thread
+    assert threaded._WATCH._thread is not None
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit code only
+        fresh = threaded._WATCH._thread is None and threaded._WATCH.idle
+        os._exit(0 if fresh else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 async def test_a_peer_that_never_reads_its_replies_holds_bounded_threads(
     socket_dir: str,
 ) -> None:
@@ -221,9 +312,10 @@ async def test_run_end_while_sync_tools_block_leaves_no_reader(
                 entered = await anyio.to_thread.run_sync(handler.entered.acquire, True, 10)
                 assert entered, "a blocking tool never started"
             started = time.monotonic()
-        # The drain waited its bound, not the tools; every reading thread has gone.
+        # The drain waited its bound, not the tools; every reading thread has gone: it
+        # stopped reading before the run ended, and ends its thread just after.
         assert time.monotonic() - started < 0.5 + SETTLE_SECONDS
-        assert len(new_threads(before)) <= 5  # only the threads inside the tools
+        await wait_until(lambda: len(new_threads(before)) <= 5, "only the tools' threads stay")
         for client in clients:
             client.sock.settimeout(SETTLE_SECONDS)
             assert await anyio.to_thread.run_sync(client.sock.recv, 1) == b""
