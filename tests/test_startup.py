@@ -8,6 +8,7 @@ Structural, not timed: the speed itself is a row of scripts/bench (cold.cli.loca
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from test_cli import cli_env
 import hermes_sandbox
 import hermes_sandbox.environments as environments
 import hermes_sandbox.environments.exec_stream as exec_stream
+from hermes_sandbox.environments.local import launch_argv
 from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.tools import load_builtin_tools, registry
 from hermes_sandbox.tools.approval import DANGEROUS_PATTERNS
@@ -144,3 +146,35 @@ def test_public_names_resolve_lazily() -> None:
         _ = hermes_sandbox.no_such_name
     with pytest.raises(AttributeError):
         _ = environments.NoSuchSettings
+
+
+# What the supervisor, started for every local launch, leaves to the launch: it forks
+# and execs itself, polls its pipes, and imports shutil only to remove a stage.
+SUPERVISOR_NOT_IMPORTED = ("subprocess", "selectors", "shutil", "threading")
+
+
+def test_the_supervisor_starts_without_subprocess_selectors_or_shutil(tmp_path: Path) -> None:
+    lifeline, keep = os.pipe()
+    try:
+        argv = launch_argv(
+            [sys.executable, "-c", "import sys; sys.stderr.write('ran\\n'); sys.exit(3)"],
+            lifeline=lifeline,
+        )
+        assert argv[1:3] == ["-E", "-S"]
+        done = subprocess.run(
+            [argv[0], "-X", "importtime", *argv[1:]],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            pass_fds=(lifeline,),
+        )
+    finally:
+        os.close(lifeline)
+        os.close(keep)
+    assert done.returncode == 3  # the launch's status, as before
+    lines = done.stderr.splitlines()
+    assert "ran" in lines
+    imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time")}
+    assert "_proctree" in imported  # the parse saw the supervisor's imports
+    assert [m for m in SUPERVISOR_NOT_IMPORTED if m in imported] == []
