@@ -178,3 +178,41 @@ def test_the_supervisor_starts_without_subprocess_selectors_or_shutil(tmp_path: 
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time")}
     assert "_proctree" in imported  # the parse saw the supervisor's imports
     assert [m for m in SUPERVISOR_NOT_IMPORTED if m in imported] == []
+
+
+# The program leaves without the interpreter's teardown of its modules, but does what
+# an exit owes: other threads waited for, the exit functions run, stdout flushed, and
+# the status main() returned.
+PROGRAM_EXIT = textwrap.dedent(
+    """\
+    import atexit, sys, threading, time
+    from hermes_sandbox.cli import console_main
+
+    def late():
+        time.sleep(0.3)
+        print("the thread finished")
+
+    atexit.register(lambda: print("the exit function ran"))
+    threading.Thread(target=late).start()
+    sys.argv = ["hermes-sandbox", "run", sys.argv[1]]
+    console_main()
+    """
+)
+
+
+def test_the_program_exits_as_an_exit_would(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("print('y' * 30000)\nraise SystemExit(3)\n")
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM_EXIT, str(script)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr  # the script's status, as main() returned it
+    lines = done.stdout.splitlines()
+    assert lines == ["y" * 30000, "the thread finished", "the exit function ran"]
+    assert "Script exited with code 3" in done.stderr
