@@ -23,7 +23,6 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, BinaryIO, ClassVar, Self
 
 import anyio
@@ -60,7 +59,9 @@ _DRAIN_SECONDS = 1.0
 # How long a supervisor gets to end by itself after its tree was killed or its input
 # closed, before it is killed with its tree.
 _SUPERVISOR_EXIT_SECONDS = 2.0
-SUPERVISOR_PATH = str(resources.files("hermes_sandbox.stubs").joinpath("_supervisor.py"))
+# Run by path: beside _proctree, which it imports (importlib.resources would bring
+# zipfile to every run for a path the package's files already give).
+SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
 def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None) -> list[str]:

@@ -55,6 +55,9 @@ NOT_IMPORTED = (
     # A run's task id is secrets.token_hex: uuid would bring platform.
     "uuid",
     "platform",
+    # The supervisor's path and the stub sources are read beside their modules.
+    "importlib.resources",
+    "zipfile",
 )
 
 # The console script's entry point, run in-process; then sys.modules, into a file
