@@ -482,7 +482,8 @@ class _BwrapWatch:
     """Whether bwrap failed to start a launch: it exits 1 with ``bwrap: `` at the start
     of stderr (before anything the script could write). Then the probe's answer, which
     may come from a stale cache, is dropped (:func:`forget_bwrap_probe`), so the next
-    run probes again; the run itself has failed loudly, never run unsandboxed."""
+    run probes again; the run itself has failed loudly, never run unsandboxed. A script
+    that imitates the failure only costs the next run a probe."""
 
     _MARK = b"bwrap: "
 
