@@ -2,7 +2,8 @@
 
 A probe (environments/isolation.py) starts an interpreter inside bwrap, which every
 ``hermes-sandbox run`` would otherwise pay. Its positive answer is kept in a file under
-``$XDG_CACHE_HOME/hermes-sandbox`` (else ``~/.cache/hermes-sandbox``), one file per key;
+``$XDG_CACHE_HOME/hermes-sandbox/bwrap`` (else ``~/.cache/hermes-sandbox/bwrap``), one
+file per key;
 a negative one never is, so a stale entry can never make an ``auto`` run unsandboxed:
 at worst a run fails loudly in bwrap, and that run drops the entry (:func:`forget`) so
 the next one probes again.
@@ -44,8 +45,10 @@ def enabled() -> bool:
 
 
 def cache_dir() -> str:
+    """``$XDG_CACHE_HOME/hermes-sandbox/bwrap`` (else under ``~/.cache``): a directory of
+    its own, made 0700, as ``hermes-sandbox`` itself may be another part's, and wider."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hermes-sandbox")
+    return os.path.join(base, "hermes-sandbox", "bwrap")
 
 
 def key(bwrap: str, python: str = sys.executable) -> dict[str, object] | None:
@@ -132,7 +135,7 @@ def store(entry_key: dict[str, object] | None, version: str | None) -> None:
     target = _path(entry_key)
     folder = os.path.dirname(target)
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # 0700; its parents by the umask
         if not _private_dir(folder):
             return
         fd, temporary = tempfile.mkstemp(prefix=".bwrap-", dir=folder)  # 0600

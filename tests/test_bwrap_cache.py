@@ -84,7 +84,7 @@ class StandIn:
         return done.stdout.strip()
 
     def entries(self) -> list[Path]:
-        folder = self.cache / "hermes-sandbox"
+        folder = self.cache / "hermes-sandbox" / "bwrap"
         return sorted(folder.glob("bwrap-*.json")) if folder.is_dir() else []
 
     def key(self) -> dict[str, object] | None:
