@@ -4,7 +4,8 @@ The mode is ``auto`` (bwrap when it runs here, else none), ``bwrap`` or ``none``
 local settings' ``isolation`` (``--isolation``, ``-o isolation=``, the config file's
 ``backends.local.isolation``, ``LocalSettings(isolation=...)``), else
 ``$HERMES_SANDBOX_ISOLATION``, else ``auto``. :func:`choose_isolation` makes the choice
-(probing bwrap once per process); :meth:`Isolation.prefix` is the command line that a
+(probing bwrap once per process, and a positive answer once per machine state:
+environments/bwrap_cache.py); :meth:`Isolation.prefix` is the command line that a
 launched script goes behind. Only what starts a script is contained (``spawn`` and
 ``open_exec_stream``); the tools' own commands (``execute``) act on the host, as the
 tools do. docs/security.md says what the sandbox keeps from a script and what it does not.
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from hermes_sandbox.environments import bwrap_cache
 from hermes_sandbox.errors import BackendNotAvailable, SettingError
 
 if TYPE_CHECKING:
@@ -44,11 +46,13 @@ _READ_ONLY, _TMPFS, _INTERPRETER, _WRITABLE, _KERNEL = range(5)
 @dataclass(frozen=True, slots=True)
 class BwrapProbe:
     """What was found of bwrap here: its ``path`` (None: not found), ``version``, and
-    ``problem``, why it cannot be used (None: it ran a command in a sandbox)."""
+    ``problem``, why it cannot be used (None: it ran a command in a sandbox); ``cached``
+    when the answer came from an earlier process's probe (environments/bwrap_cache.py)."""
 
     path: str | None
     version: str | None
     problem: str | None
+    cached: bool = False
 
     @property
     def works(self) -> bool:
@@ -58,15 +62,38 @@ class BwrapProbe:
 def probe_bwrap() -> BwrapProbe:
     """Whether bwrap, found on PATH, runs a command here in the sandbox the runs get
     (a container without user namespaces, for one, refuses it). Each executable is
-    tried once per process."""
+    tried once per process, and a working one is remembered across processes while
+    nothing its answer depends on changes (environments/bwrap_cache.py)."""
     path = shutil.which(BWRAP)
     if path is None:
         return BwrapProbe(None, None, f"{BWRAP} not found on PATH")
     return _probe(os.path.realpath(path))
 
 
+def forget_bwrap_probe(probe: BwrapProbe | None = None) -> bool:
+    """Drop what is known of bwrap (``probe``'s executable; default: the one on PATH),
+    in this process and in the cache across processes, after a run failed in bwrap:
+    the next choice probes again. Returns whether a cached entry was dropped."""
+    path = probe.path if probe is not None else shutil.which(BWRAP)
+    _probe.cache_clear()
+    if path is None:
+        return False
+    return bwrap_cache.forget(bwrap_cache.key(os.path.realpath(path)))
+
+
 @functools.cache
 def _probe(path: str) -> BwrapProbe:
+    entry_key = bwrap_cache.key(path)
+    known = bwrap_cache.lookup(entry_key)
+    if known is not None:
+        return BwrapProbe(path, known or None, None, cached=True)
+    found = _run_probe(path)
+    if found.works:
+        bwrap_cache.store(entry_key, found.version)  # never a negative answer
+    return found
+
+
+def _run_probe(path: str) -> BwrapProbe:
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             argv,
@@ -80,7 +107,7 @@ def _probe(path: str) -> BwrapProbe:
         version_run = run([path, "--version"])
         words = version_run.stdout.split()
         version = words[-1] if version_run.returncode == 0 and words else None
-        trial = run(
+        trial = run(  # a change here raises bwrap_cache.PROBE_VERSION
             [
                 *_bwrap_argv(path, cwd=None, writable=(), python=sys.executable, network=False),
                 # -E -S: the question is whether bwrap starts the interpreter here,
@@ -287,6 +314,7 @@ __all__ = [
     "Isolation",
     "choose_isolation",
     "describe_isolation",
+    "forget_bwrap_probe",
     "probe_bwrap",
     "requested_isolation",
 ]

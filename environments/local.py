@@ -23,7 +23,6 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, BinaryIO, ClassVar, Self
 
 import anyio
@@ -47,6 +46,7 @@ from hermes_sandbox.environments.isolation import (
     Isolation,
     choose_isolation,
     describe_isolation,
+    forget_bwrap_probe,
 )
 from hermes_sandbox.environments.settings import BackendSettings
 from hermes_sandbox.errors import SandboxError
@@ -59,7 +59,9 @@ _DRAIN_SECONDS = 1.0
 # How long a supervisor gets to end by itself after its tree was killed or its input
 # closed, before it is killed with its tree.
 _SUPERVISOR_EXIT_SECONDS = 2.0
-SUPERVISOR_PATH = str(resources.files("hermes_sandbox.stubs").joinpath("_supervisor.py"))
+# Run by path: beside _proctree, which it imports (importlib.resources would bring
+# zipfile to every run for a path the package's files already give).
+SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
 def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None) -> list[str]:
@@ -208,6 +210,13 @@ class LocalEnvironment(Environment, Runtime):
         )
         return [*prefix, *argv]
 
+    def _bwrap_watch(self) -> _BwrapWatch | None:
+        """A watch for a launch that bwrap failed to start, when launches go behind it."""
+        isolation = self.isolation
+        if isolation is None or isolation.mode != "bwrap":
+            return None
+        return _BwrapWatch(isolation)
+
     @property
     def alive(self) -> bool:
         return not self._closed
@@ -268,7 +277,7 @@ class LocalEnvironment(Environment, Runtime):
         finally:
             if stdin is not None:
                 stdin.close()  # the child has its own copy
-        return LocalProcess(handle)
+        return LocalProcess(handle, self._bwrap_watch())
 
     async def open_exec_stream(
         self,
@@ -298,7 +307,7 @@ class LocalEnvironment(Environment, Runtime):
         except BaseException:
             stderr.close()
             raise
-        return LocalExecStream(handle, stderr)
+        return LocalExecStream(handle, stderr, self._bwrap_watch())
 
     async def execute(
         self,
@@ -469,14 +478,69 @@ class _Supervised:
                 self._lifeline = None
 
 
+class _BwrapWatch:
+    """Whether bwrap failed to start a launch: it exits 1 with ``bwrap: `` at the start
+    of stderr (before anything the script could write). Then the probe's answer, which
+    may come from a stale cache, is dropped (:func:`forget_bwrap_probe`), so the next
+    run probes again; the run itself has failed loudly, never run unsandboxed. A script
+    that imitates the failure only costs the next run a probe."""
+
+    _MARK = b"bwrap: "
+
+    def __init__(self, isolation: Isolation) -> None:
+        self._isolation = isolation
+        self._head = b""
+        self._code: int | None = None
+        self._done = False
+
+    def saw(self, data: bytes) -> None:
+        if len(self._head) < len(self._MARK):
+            self._head += data[: len(self._MARK) - len(self._head)]
+            self._check()
+
+    def exited(self, code: int) -> None:
+        self._code = code
+        self._check()
+
+    def _check(self) -> None:
+        if self._done or self._code != 1 or not self._head.startswith(self._MARK):
+            return
+        self._done = True
+        dropped = forget_bwrap_probe(self._isolation.probe)
+        log.warning(
+            "bwrap failed to start a script%s",
+            "; its cached probe result was dropped" if dropped else "",
+        )
+
+
+class _WatchedStream(anyio.abc.ByteReceiveStream):
+    """A stream whose first bytes are shown to a :class:`_BwrapWatch`."""
+
+    def __init__(self, inner: anyio.abc.ByteReceiveStream, watch: _BwrapWatch) -> None:
+        self._inner = inner
+        self._watch = watch
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        data = await self._inner.receive(max_bytes)
+        self._watch.saw(data)
+        return data
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class LocalProcess(SandboxProcess):
-    def __init__(self, handle: _Supervised) -> None:
+    def __init__(self, handle: _Supervised, bwrap: _BwrapWatch | None = None) -> None:
         self._handle = handle
         self._process = handle.process
         assert self._process.stdout is not None
         self.stdout = self._process.stdout
-        self.stderr = self._process.stderr or _EmptyStream()
+        stderr = self._process.stderr
+        if stderr is not None and bwrap is not None:
+            stderr = _WatchedStream(stderr, bwrap)
+        self.stderr = stderr or _EmptyStream()
         self.pid = handle.pid
+        self._bwrap = bwrap
 
     @property
     def returncode(self) -> int | None:
@@ -485,6 +549,8 @@ class LocalProcess(SandboxProcess):
     async def wait(self) -> int:
         code = await self._process.wait()
         self._handle.release()
+        if self._bwrap is not None:
+            self._bwrap.exited(code)
         return code
 
     async def kill(self, grace: float = 2.0) -> None:
@@ -501,9 +567,12 @@ class LocalExecStream(ExecStream):
 
     _STDERR_TAIL = 8192
 
-    def __init__(self, handle: _Supervised, stderr: BinaryIO) -> None:
+    def __init__(
+        self, handle: _Supervised, stderr: BinaryIO, bwrap: _BwrapWatch | None = None
+    ) -> None:
         process = handle.process
         assert process.stdin is not None and process.stdout is not None
+        self._bwrap = bwrap
         self._handle = handle
         self._process = process
         self._stdin = process.stdin
@@ -534,7 +603,17 @@ class LocalExecStream(ExecStream):
     async def wait(self) -> int:
         code = await self._process.wait()
         self._handle.release()
+        self._watch_bwrap(code)
         return code
+
+    def _watch_bwrap(self, code: int) -> None:
+        if self._bwrap is not None and self._final_tail is None:
+            try:
+                self._stderr.seek(0)
+                self._bwrap.saw(self._stderr.read(16))
+            except (OSError, ValueError):
+                return
+            self._bwrap.exited(code)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -544,6 +623,8 @@ class LocalExecStream(ExecStream):
             await self._handle.kill(0)
             await self._process.aclose()
             if self._final_tail is None:
+                if self._process.returncode is not None:
+                    self._watch_bwrap(self._process.returncode)
                 self._final_tail = self.stderr_tail
                 self._stderr.close()
 

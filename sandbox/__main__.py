@@ -1,3 +1,3 @@
-from hermes_sandbox.cli import main
+from hermes_sandbox.cli import console_main
 
-raise SystemExit(main())
+console_main()

@@ -800,3 +800,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("hermes-sandbox: interrupted\n")
         return INTERRUPTED_EXIT_CODE
+
+
+def console_main() -> NoReturn:
+    """The program (the console script, ``python -m hermes_sandbox``): :func:`main`, then
+    out without the interpreter's teardown of every module, which took a fifth of a
+    ``hermes-sandbox run`` of ``print(1)`` (docs/benchmarks.md).
+
+    What an exit owes is still done, in the interpreter's order: other non-daemon
+    threads are waited for, the exit functions run (logging's flush among them), and
+    stdout and stderr are flushed. If a flush fails (a closed pipe), the interpreter's
+    own exit takes over and reports it as it always has. An exception out of main()
+    is not caught here: it ends the program as usual.
+    """
+    import atexit
+    import threading
+
+    status = main()
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        raise SystemExit(status) from None
+    os._exit(status)

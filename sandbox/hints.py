@@ -26,7 +26,24 @@ def _missing_import(match: re.Match[str], tools: Sequence[str]) -> str:
     )
 
 
+BWRAP_FAILED = (
+    "bubblewrap (bwrap) could not start the script here. If it worked here before, the "
+    "cached result of its probe was dropped: the next run probes bwrap again (and under "
+    "--isolation auto runs without it if it no longer works). --isolation none runs "
+    "without bwrap."
+)
+# bwrap's own failure, before the script started (environments/local.py drops the
+# cached probe result when it sees one).
+_BWRAP_FAILED = re.compile(r"\Abwrap: ")
+
+
+def bwrap_failure_hint(stderr: str) -> str | None:
+    """:data:`BWRAP_FAILED` if ``stderr`` is bwrap's failure to start a program."""
+    return BWRAP_FAILED if _BWRAP_FAILED.match(stderr.lstrip()) else None
+
+
 _RULES: tuple[HintRule, ...] = (
+    (_BWRAP_FAILED, lambda m, _: BWRAP_FAILED),
     (re.compile(r"cannot import name '(\w+)' from 'hermes_tools'"), _missing_import),
     (re.compile(r"module 'hermes_tools' has no attribute '(\w+)'"), _missing_import),
     (

@@ -32,6 +32,7 @@ from typing import Any
 
 from hermes_sandbox.environments import Runtime
 from hermes_sandbox.errors import TransportUnavailable
+from hermes_sandbox.hints import bwrap_failure_hint
 from hermes_sandbox.rpc import RPCServer, serve_unix_socket
 
 SOCKET_NAME = "rpc.sock"
@@ -107,9 +108,11 @@ async def _under_relay(
             )
         except RelayError as exc:
             details = helper_failure_text(channel.stderr_tail)
+            hint = bwrap_failure_hint(details)
             failure = TransportUnavailable(
                 f"the relay could not start the script: {exc}"
                 + (f"\n{details[-2000:]}" if details else "")
+                + (f"\n{hint}" if hint else "")
             )
         if failure is None:
             yield session

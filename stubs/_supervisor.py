@@ -17,11 +17,14 @@ script stops with SIGSTOP cannot keep its processes alive while the runner lives
 """
 
 import os
-import selectors
-import shutil
+import select
 import signal
-import subprocess
 import sys
+
+# Start-up is on every local run's path, so only what every run needs is imported:
+# no subprocess (a fork and an exec, below), no selectors (poll), shutil only to remove
+# a stage. os, signal, select and _proctree (ctypes, for prctl) are about half of what
+# they were.
 
 if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
     from _proctree import become_subreaper, die_with_parent, kill_tree, reap
@@ -45,7 +48,7 @@ class Supervisor(object):
         self.lifeline = lifeline
         self.parent = parent
         self.remove = remove
-        self.child = None
+        self.child = None  # the pid of ARGV
         self.status = None
         self.runner_gone = False
         self.wake_r, self.wake_w = os.pipe()
@@ -60,10 +63,9 @@ class Supervisor(object):
     def reap(self):
         if self.child is None:
             return
-        status = reap(self.child.pid)
+        status = reap(self.child)
         if status is not None:
             self.status = status
-            self.child.returncode = 0  # reaped here: Popen must not wait for it
 
     def run(self):
         self.stop_requested = False
@@ -77,12 +79,9 @@ class Supervisor(object):
         if self.parent is not None and os.getppid() != self.parent:
             self.runner_gone = True  # it died before the parent-death signal was set
             return self.finish()
-        try:
-            self.child = subprocess.Popen(
-                self.argv, restore_signals=True, preexec_fn=_default_signals
-            )
-        except OSError as exc:
-            os.write(2, ("cannot run %s: %s\n" % (self.argv[0], exc)).encode())
+        problem = self.start()
+        if problem is not None:
+            os.write(2, ("cannot run %s: %s\n" % (self.argv[0], problem)).encode())
             self.finish()
             return 127
         # The child has stdin and stdout now; the supervisor keeps neither open.
@@ -90,26 +89,53 @@ class Supervisor(object):
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.close(devnull)
-        selector = selectors.DefaultSelector()
-        selector.register(self.wake_r, selectors.EVENT_READ)
+        poller = select.poll()
+        poller.register(self.wake_r, select.POLLIN)
         if self.lifeline is not None:
-            selector.register(self.lifeline, selectors.EVENT_READ)
+            poller.register(self.lifeline, select.POLLIN)
         while self.status is None and not self.stop_requested:
-            for key, _ in selector.select(timeout=0.5):
+            for fd, _ in poller.poll(500):
                 try:
-                    data = os.read(key.fd, 4096)
+                    data = os.read(fd, 4096)
                 except BlockingIOError:
                     continue
                 except OSError:
                     data = b""
-                if key.fd == self.lifeline and not data:
+                if fd == self.lifeline and not data:
                     self.runner_gone = True
                     self.stop_requested = True
+                    poller.unregister(fd)  # at its end: it would poll ready forever
             if self.parent is not None and os.getppid() != self.parent:
                 self.runner_gone = True
                 self.stop_requested = True
             self.reap()
         return self.finish()
+
+    def start(self):
+        """Fork and exec ARGV (as subprocess.Popen would with close_fds,
+        restore_signals and the signals back to their defaults); None, or why it
+        could not be run (then the child has exited and is reaped)."""
+        report_r, report_w = os.pipe()  # close-on-exec: it ends at the exec
+        pid = os.fork()
+        if pid == 0:  # the child: only os calls from here to the exec
+            try:
+                os.close(report_r)
+                _exec(self.argv, report_w)
+            finally:
+                os._exit(127)
+        os.close(report_w)
+        chunks = []
+        while True:
+            chunk = os.read(report_r, 4096)  # end of file: the exec happened
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(report_r)
+        if chunks:
+            os.waitpid(pid, 0)
+            return b"".join(chunks).decode("utf-8", "replace")
+        self.child = pid
+        return None
 
     def finish(self):
         """Kill everything below; remove the stage if the runner is gone; return the
@@ -117,13 +143,41 @@ class Supervisor(object):
         kill_tree(os.getpid(), 0, reap_children=True)
         self.reap()
         if self.runner_gone and self.remove:
+            import shutil  # only here: it costs a third of the supervisor's imports
+
             shutil.rmtree(self.remove, ignore_errors=True)
         return self.status
 
 
-def _default_signals():
-    for number in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-        signal.signal(number, signal.SIG_DFL)
+# Back to their defaults in ARGV: the supervisor's handlers, its ignored SIGINT, and
+# SIGPIPE and SIGXFSZ, which Python ignores (Popen's restore_signals).
+_DEFAULT_SIGNALS = ("SIGHUP", "SIGTERM", "SIGINT", "SIGCHLD", "SIGPIPE", "SIGXFSZ")
+
+
+def _exec(argv, report):
+    """In the forked child: signals to their defaults, every descriptor but 0, 1, 2
+    closed (``report`` at the exec), then ARGV found on PATH; on failure, why, to
+    ``report``."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for name in _DEFAULT_SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_DFL)
+        try:
+            open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:  # no /proc: the usual range
+            open_fds = range(3, 1024)
+        for fd in open_fds:
+            if fd > 2 and fd != report:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        os.write(report, str(exc).encode("utf-8", "replace") or b"exec failed")
+    except BaseException:
+        os.write(report, b"exec failed")
 
 
 def _exit_like(status):

@@ -13,9 +13,9 @@ import importlib.util
 import json
 import keyword
 import marshal
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from hermes_sandbox.errors import StubError
@@ -42,9 +42,17 @@ def program_source(name: str) -> str:
     """The source of a program that runs inside the sandbox, by file name (``_relay.py``).
 
     Every such program is a real, linted, stdlib-only file in this package, read here;
-    none is kept in a string.
+    none is kept in a string. Read beside this module where the package is files (as
+    installed: no importlib.resources, with its zipfile, on a run's path), else through
+    importlib.resources.
     """
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    try:
+        with open(os.path.join(os.path.dirname(__file__), name), encoding="utf-8") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        from importlib import resources
+
+        return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 @functools.cache

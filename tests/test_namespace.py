@@ -62,7 +62,7 @@ def test_the_wheel_installs_only_hermes_sandbox(wheel: Path) -> None:
     dist_info = next(name for name in top if name.endswith(".dist-info"))
     assert top == {"hermes_sandbox", dist_info}
     assert dist_info.startswith("hermes_sandbox-")
-    assert b"hermes-sandbox = hermes_sandbox.cli:main" in entry_points
+    assert b"hermes-sandbox = hermes_sandbox.cli:console_main" in entry_points
     # the layers are inside the one package
     for layer in ("environments", "rpc", "stubs", "tools"):
         assert f"hermes_sandbox/{layer}/__init__.py" in names

@@ -8,6 +8,7 @@ Structural, not timed: the speed itself is a row of scripts/bench (cold.cli.loca
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from test_cli import cli_env
 import hermes_sandbox
 import hermes_sandbox.environments as environments
 import hermes_sandbox.environments.exec_stream as exec_stream
+from hermes_sandbox.environments.local import launch_argv
 from hermes_sandbox.redaction import clean_for_model
 from hermes_sandbox.tools import load_builtin_tools, registry
 from hermes_sandbox.tools.approval import DANGEROUS_PATTERNS
@@ -53,6 +55,9 @@ NOT_IMPORTED = (
     # A run's task id is secrets.token_hex: uuid would bring platform.
     "uuid",
     "platform",
+    # The supervisor's path and the stub sources are read beside their modules.
+    "importlib.resources",
+    "zipfile",
 )
 
 # The console script's entry point, run in-process; then sys.modules, into a file
@@ -144,3 +149,73 @@ def test_public_names_resolve_lazily() -> None:
         _ = hermes_sandbox.no_such_name
     with pytest.raises(AttributeError):
         _ = environments.NoSuchSettings
+
+
+# What the supervisor, started for every local launch, leaves to the launch: it forks
+# and execs itself, polls its pipes, and imports shutil only to remove a stage.
+SUPERVISOR_NOT_IMPORTED = ("subprocess", "selectors", "shutil", "threading")
+
+
+def test_the_supervisor_starts_without_subprocess_selectors_or_shutil(tmp_path: Path) -> None:
+    lifeline, keep = os.pipe()
+    try:
+        argv = launch_argv(
+            [sys.executable, "-c", "import sys; sys.stderr.write('ran\\n'); sys.exit(3)"],
+            lifeline=lifeline,
+        )
+        assert argv[1:3] == ["-E", "-S"]
+        done = subprocess.run(
+            [argv[0], "-X", "importtime", *argv[1:]],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            pass_fds=(lifeline,),
+        )
+    finally:
+        os.close(lifeline)
+        os.close(keep)
+    assert done.returncode == 3  # the launch's status, as before
+    lines = done.stderr.splitlines()
+    assert "ran" in lines
+    imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time")}
+    assert "_proctree" in imported  # the parse saw the supervisor's imports
+    assert [m for m in SUPERVISOR_NOT_IMPORTED if m in imported] == []
+
+
+# The program leaves without the interpreter's teardown of its modules, but does what
+# an exit owes: other threads waited for, the exit functions run, stdout flushed, and
+# the status main() returned.
+PROGRAM_EXIT = textwrap.dedent(
+    """\
+    import atexit, sys, threading, time
+    from hermes_sandbox.cli import console_main
+
+    def late():
+        time.sleep(0.3)
+        print("the thread finished")
+
+    atexit.register(lambda: print("the exit function ran"))
+    threading.Thread(target=late).start()
+    sys.argv = ["hermes-sandbox", "run", sys.argv[1]]
+    console_main()
+    """
+)
+
+
+def test_the_program_exits_as_an_exit_would(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("print('y' * 30000)\nraise SystemExit(3)\n")
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM_EXIT, str(script)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr  # the script's status, as main() returned it
+    lines = done.stdout.splitlines()
+    assert lines == ["y" * 30000, "the thread finished", "the exit function ran"]
+    assert "Script exited with code 3" in done.stderr
