@@ -91,6 +91,22 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite's caches (the bwrap probe's, the tool scans') go to a directory of its
+    own, not the user's ~/.cache: a run of the suite leaves nothing there, and an entry
+    left by an earlier run can never decide what a test sees."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = saved
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Tag this test's sandboxes; afterwards fail on, and kill, any still alive."""
