@@ -213,14 +213,18 @@ class _Connection(object):
         got = self._end - self._start - 4  # what the buffer holds of it already
         body[:got] = self._view[self._start + 4 : self._end]
         self._start = self._end = 0
-        while got < size:
-            if got == len(body):  # past what the header alone may cost: grow as it comes
-                body.extend(bytes(min(len(body), size - got)))
+        while got < len(body):
             with memoryview(body) as view:
                 received = self._sock.recv_into(view[got:])
             if not received:
                 raise EOFError("the host closed the connection")
             got += received
+        while got < size:  # past what the header alone may cost: grow as bytes come
+            chunk = self._sock.recv(min(size - got, 1 << 20))
+            if not chunk:
+                raise EOFError("the host closed the connection")
+            body += chunk
+            got += len(chunk)
         return body
 
     @staticmethod
