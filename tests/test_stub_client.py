@@ -804,7 +804,7 @@ def reply_frame(request_id: int, result: str) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-# Around the client's 256 KiB read buffer, its 4 MiB preallocation, and small ones.
+# Around the client's 256 KiB read buffer, a long one, and small ones.
 REPLY_SIZES = [1, 1000, 256 * 1024 - 80, 256 * 1024 + 7, 200 * 1024, 100 * 1024, 5 << 20, 7]
 
 READ_SCRIPT = """
@@ -833,7 +833,7 @@ async def test_replies_of_every_length_reach_their_callers_whole(
     tmp_path: Path, socket_dir: str, python: str
 ) -> None:
     """Replies written back to back, out of order, in pieces that cut headers and
-    bodies anywhere, some over the read buffer and one over the preallocation: each
+    bodies anywhere, some over the read buffer: each
     thread gets its own, whole."""
     import random
     import time
@@ -902,7 +902,7 @@ async def test_a_reply_header_overstating_its_length_costs_only_what_came(
     tmp_path: Path, socket_dir: str
 ) -> None:
     """A header announcing 4 GiB, then 1,000 bytes and the end: the client allocates
-    no more than its preallocation bound, and every waiting caller (not only the one
+    no more than what came, and every waiting caller (not only the one
     reading) gets ToolCallError."""
 
     def answer(requests: list[dict[str, Any]], conn: Any) -> None:
@@ -918,13 +918,13 @@ async def test_a_reply_header_overstating_its_length_costs_only_what_came(
     assert sorted(out["raised"]) == ["0", "1", "2", "3"]
     for message in out["raised"].values():
         assert message.startswith("echo(): ") and "connection" in message, message
-    assert out["peak"] < 6 << 20, out["peak"]  # the 4 MiB bound, not the 4 GiB announced
+    assert out["peak"] < 6 << 20, out["peak"]  # what came, not the 4 GiB announced
 
 
 def test_read_frame_across_the_buffer_ends() -> None:
     """The client's reader alone, over a socketpair: a frame whose end would pass the
     buffer's (moved down), a header cut by the buffer's end, a frame longer than the
-    buffer and one longer than the preallocation (grown as it comes)."""
+    buffer and a much longer one (grown as it comes)."""
     import importlib.util
     import socket
     import threading
@@ -951,7 +951,7 @@ def test_read_frame_across_the_buffer_ends() -> None:
         capacity - 2,  # fills the buffer but for the next header's first 2 bytes
         50,
         capacity + 1,  # longer than the buffer: its own
-        client._Connection._PREALLOCATE + 12345,  # longer than the preallocation
+        (4 << 20) + 12345,  # much longer
         20,
     ]
     frames = [frame_of_length(i, size) for i, size in enumerate(sizes)]
