@@ -41,16 +41,24 @@ _RECEIVE_CHUNK = 256 * 1024
 _packer_options = {"use_bin_type": True}
 
 
+def _pack(message: dict[str, Any]) -> memoryview:
+    """The msgpack body of ``message``, as a view of the packer's own buffer: ``packb``
+    would copy that buffer into a bytes object, a copy of every byte of a large reply."""
+    packer = msgpack.Packer(autoreset=False, **_packer_options)
+    packer.pack(message)
+    return packer.getbuffer()
+
+
 def encode_frame(message: dict[str, Any]) -> bytes:
     """Encode one message map as a whole frame: header and body."""
-    body = msgpack.packb(message, **_packer_options)
+    body = _pack(message)
     return HEADER.pack(len(body)) + body
 
 
-def encode_frame_parts(message: dict[str, Any]) -> tuple[bytes, bytes]:
+def encode_frame_parts(message: dict[str, Any]) -> tuple[bytes, memoryview]:
     """One message as its frame's header and body, not joined: a large body is then
     written without the copy that joining it to four bytes costs."""
-    body = msgpack.packb(message, **_packer_options)
+    body = _pack(message)
     return HEADER.pack(len(body)), body
 
 

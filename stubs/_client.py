@@ -52,13 +52,40 @@ class ToolCallError(RuntimeError):
     """A tool call that could not be made or answered: the host is unreachable or gone."""
 
 
+class _Waiter(object):
+    """A waiting call's own wake-up: a lock held until :meth:`wake` releases it.
+    ``woken`` (guarded by the connection's lock) is true from a release until the
+    caller has taken the lock again, so the lock is never released twice; a wake in
+    between finds the caller about to look at the state it changed first."""
+
+    __slots__ = ("lock", "woken")
+
+    def __init__(self):
+        self.lock = _threading.Lock()
+        self.lock.acquire()
+        self.woken = False
+
+    def wake(self):
+        if not self.woken:
+            self.woken = True
+            self.lock.release()
+
+
 class _Connection(object):
     """One socket to the host, shared by every thread of the script.
 
     Calls overlap: each gets a fresh request id, its frame is written whole under a
     short send lock, and whichever waiting caller holds the read turn reads replies
-    and hands each to its owner (leader/follower), so no call waits on another's tool.
+    and hands each to its owner (leader/follower), waking that caller alone (each
+    waits on a lock of its own), so no call waits on another's tool.
+
+    Replies are read with ``recv_into`` into one buffer kept for the connection and
+    decoded where they lie; a reply too long for it is read into a buffer of its own,
+    grown only as bytes arrive, so a header that overstates its length costs no more
+    memory than the bytes that really came.
     """
+
+    _BUFFER = 256 * 1024
 
     def __init__(self, sock, token):
         self._sock = sock
@@ -66,11 +93,16 @@ class _Connection(object):
         self._max_frame = _max_frame()  # once: os.environ costs µs on every call
         self._ids = _itertools.count(1)  # next() is atomic: no lock needed for ids
         self._send_lock = _threading.Lock()
-        self._cond = _threading.Condition(_threading.Lock())
-        self._replies = {}
+        self._lock = _threading.Lock()  # guards the four below and each _Waiter's flag
+        self._waiting = {}  # request id -> the _Waiter of the call still waiting
+        self._arrived = {}  # request id -> its reply, read by another caller
         self._reading = False
         self._failure = None
-        self._buffer = bytearray()
+        # Only the caller holding the read turn touches these.
+        self._buffer = bytearray(self._BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = 0  # the unread bytes are _buffer[_start:_end]
+        self._end = 0
 
     def call(self, tool, args):
         if self._failure is not None:
@@ -80,23 +112,37 @@ class _Connection(object):
         refused = _over_cap(request_id, body, self._max_frame)
         if refused is not None:
             return refused
+        waiter = _Waiter()
+        with self._lock:
+            self._waiting[request_id] = waiter  # before the request: its reply may be quick
         try:
             with self._send_lock:
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
-        with self._cond:
-            while True:
-                reply = self._replies.pop(request_id, None)
+        while True:
+            with self._lock:
+                reply = self._arrived.pop(request_id, None)
                 if reply is not None:
                     return reply
                 if self._failure is not None:
+                    self._waiting.pop(request_id, None)
                     raise self._failure
                 if not self._reading:
                     self._reading = True
                     break
-                self._cond.wait()
-        return self._read_until(request_id)
+            waiter.lock.acquire()  # woken by its reply, a failure, or to take the read turn
+            with self._lock:
+                waiter.woken = False  # only now: never released twice, never lost
+        try:
+            return self._read_until(request_id)
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+                self._reading = False
+                for other in self._waiting.values():  # one caller still waiting reads on
+                    other.wake()
+                    break
 
     def _read_until(self, request_id):
         try:
@@ -112,47 +158,80 @@ class _Connection(object):
                             "the host closed the connection: %s" % (error.get("message"),)
                         )
                     )
-                with self._cond:
-                    self._replies[reply_id] = reply
-                    self._cond.notify_all()
+                with self._lock:
+                    waiter = self._waiting.pop(reply_id, None)
+                    if waiter is not None:  # else no call of ours waits for it: dropped
+                        self._arrived[reply_id] = reply
+                        waiter.wake()
         except ToolCallError:
             raise
         except (OSError, ValueError, EOFError) as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
-        finally:
-            with self._cond:
-                self._reading = False
-                self._cond.notify_all()
 
     def _read_frame(self):
-        buffer = self._buffer
-        while len(buffer) < 4:
+        """The next reply, decoded straight from the bytes received: no copy of a
+        reply that fits the connection's buffer."""
+        while self._end - self._start < 4:
             self._fill()
-        (size,) = _HEADER.unpack_from(buffer)
-        while len(buffer) < 4 + size:
+        (size,) = _HEADER.unpack_from(self._buffer, self._start)
+        if 4 + size > self._BUFFER:
+            return self._decode(self._read_long(size))
+        if self._start + 4 + size > self._BUFFER:  # its end would not fit: move it down
+            self._compact()
+        while self._end - self._start < 4 + size:
             self._fill()
-        with memoryview(buffer) as view:  # decode in place: no copy of a large reply
-            body = view[4 : 4 + size]
-            try:
-                reply = _unpack(body)
-            finally:
-                body.release()
-        del buffer[: 4 + size]
+        body = self._view[self._start + 4 : self._start + 4 + size]
+        try:
+            reply = self._decode(body)
+        finally:
+            body.release()
+        self._start += 4 + size
+        if self._start == self._end:
+            self._start = self._end = 0
+        return reply
+
+    def _fill(self):
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == self._BUFFER:  # full, a header cut at its end: move it down
+            self._compact()
+        received = self._sock.recv_into(self._view[self._end :])
+        if not received:
+            raise EOFError("the host closed the connection")
+        self._end += received
+
+    def _compact(self):
+        held = self._buffer[self._start : self._end]  # a copy: the two ranges may overlap
+        self._buffer[: len(held)] = held
+        self._start, self._end = 0, len(held)
+
+    def _read_long(self, size):
+        """A reply body of ``size`` bytes, longer than the buffer: grown by what arrives,
+        so a header that overstates its length costs no more than the bytes that came
+        (growth reallocates in place for bodies this large, where a preallocated one
+        would be zero-filled first: slower for 10 MiB replies)."""
+        body = bytearray(self._view[self._start + 4 : self._end])
+        self._start = self._end = 0
+        while len(body) < size:
+            chunk = self._sock.recv(min(size - len(body), self._BUFFER))
+            if not chunk:
+                raise EOFError("the host closed the connection")
+            body += chunk
+        return body
+
+    @staticmethod
+    def _decode(body):
+        reply = _unpack(body)
         if not isinstance(reply, dict):
             raise ValueError("reply is not a map")
         return reply
 
-    def _fill(self):
-        chunk = self._sock.recv(262144)
-        if not chunk:
-            raise EOFError("the host closed the connection")
-        self._buffer += chunk
-
     def _fail(self, error):
-        with self._cond:
+        with self._lock:
             if self._failure is None:
                 self._failure = error
-            self._cond.notify_all()
+            for waiter in self._waiting.values():
+                waiter.wake()
         try:
             self._sock.close()
         except OSError:
@@ -241,25 +320,6 @@ class _ReplyWatch(object):
 
     def close(self):
         _os.close(self.fd)
-
-
-class _Waiter(object):
-    """A waiting call's own wake-up: a lock held until :meth:`wake` releases it.
-    ``woken`` (guarded by the connection's lock) is true from a release until the
-    caller has taken the lock again, so the lock is never released twice; a wake in
-    between finds the caller about to look at the state it changed first."""
-
-    __slots__ = ("lock", "woken")
-
-    def __init__(self):
-        self.lock = _threading.Lock()
-        self.lock.acquire()
-        self.woken = False
-
-    def wake(self):
-        if not self.woken:
-            self.woken = True
-            self.lock.release()
 
 
 class _FileConnection(object):

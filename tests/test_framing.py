@@ -25,6 +25,7 @@ from hermes_sandbox.rpc.framing import (
     FrameDecoder,
     decode_body,
     encode_frame,
+    encode_frame_parts,
     iter_messages,
 )
 
@@ -61,6 +62,19 @@ def test_header_layout_is_big_endian_uint32() -> None:
     assert HEADER_SIZE == 4
     assert frame[:4] == struct.pack(">I", len(frame) - 4)
     assert frame == frame_of({"a": 1})
+
+
+@pytest.mark.parametrize("size", [0, 100, 300_000, 5 << 20])
+def test_frame_parts_are_the_frame_and_survive_the_next_encoding(size: int) -> None:
+    """encode_frame_parts hands out a view of its packer's buffer: joined it is the
+    frame, and a later encoding does not change it."""
+    message = {"id": 7, "result": "r" * size, "blob": b"\x00" * (size // 2)}
+    header, body = encode_frame_parts(message)
+    kept = bytes(header) + bytes(body)
+    encode_frame_parts({"id": 8, "result": "s" * size})
+    encode_frame({"id": 9, "result": "t" * size})
+    assert header + body == kept == encode_frame(message) == frame_of(message)
+    assert msgpack.unpackb(body, raw=False) == message
 
 
 def test_bytes_survive_as_bin_not_str() -> None:

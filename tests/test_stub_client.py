@@ -741,3 +741,230 @@ async def test_files_threads_and_a_forked_child_each_get_their_own_answer(
     assert host.gate.calls_made == 51
     assert out["watching"] is (mode == "inotify")
     assert sorted(os.listdir(calls)) == []  # every reply collected, nothing left
+
+
+# -- how the socket client reads replies ----------------------------------------------
+
+
+class RawHost:
+    """A host that speaks frames by hand on a real Unix socket, in a thread: it reads
+    ``expect`` requests, then hands them to ``answer(requests, sock)`` to write what it
+    likes, and closes. What the stub does with odd replies is then under the test's
+    control, byte by byte."""
+
+    def __init__(self, path: str, expect: int, answer: Any) -> None:
+        import socket
+        import threading
+
+        self.path = path
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(1)
+        self._expect = expect
+        self._answer = answer
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import msgpack
+
+        try:
+            conn, _ = self._listener.accept()
+            with conn:
+                requests: list[dict[str, Any]] = []
+                buffer = b""
+                while len(requests) < self._expect:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                    while len(buffer) >= 4:
+                        size = int.from_bytes(buffer[:4], "big")
+                        if len(buffer) < 4 + size:
+                            break
+                        requests.append(msgpack.unpackb(buffer[4 : 4 + size]))
+                        buffer = buffer[4 + size :]
+                self._answer(requests, conn)
+        except BaseException as exc:  # reported by close()
+            self.failure = exc
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join(SCRIPT_TIMEOUT)
+        assert not self._thread.is_alive()
+        if self.failure is not None:
+            raise self.failure
+
+
+def reply_frame(request_id: int, result: str) -> bytes:
+    import msgpack
+
+    body = msgpack.packb({"id": request_id, "result": result}, use_bin_type=True)
+    return len(body).to_bytes(4, "big") + body
+
+
+# Around the client's 256 KiB read buffer, a long one, and small ones.
+REPLY_SIZES = [1, 1000, 256 * 1024 - 80, 256 * 1024 + 7, 200 * 1024, 100 * 1024, 5 << 20, 7]
+
+READ_SCRIPT = """
+import json, sys, threading
+import hermes_tools
+
+results = {}
+
+def work(i):
+    reply = hermes_tools.echo("t", tag=i)
+    data = reply["data"]
+    results[i] = [reply["tag"], len(data), data[:1] + data[-1:], data.count("x")]
+
+threads = [threading.Thread(target=work, args=(i,)) for i in range(%d)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"version": list(sys.version_info[:2]), "results": results}))
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("python", ["current", "3.8 without msgpack"])
+async def test_replies_of_every_length_reach_their_callers_whole(
+    tmp_path: Path, socket_dir: str, python: str
+) -> None:
+    """Replies written back to back, out of order, in pieces that cut headers and
+    bodies anywhere, some over the read buffer: each
+    thread gets its own, whole."""
+    import random
+    import time
+
+    interpreter = sys.executable
+    if python != "current":
+        if not os.access(PYTHON38, os.X_OK):
+            pytest.skip(f"no Python 3.8 interpreter at {PYTHON38}")
+        interpreter = PYTHON38
+    pieces = random.Random(12)
+
+    def answer(requests: list[dict[str, Any]], conn: Any) -> None:
+        stream = b""
+        for request in reversed(requests):
+            tag = request["args"]["tag"]
+            data = "<" + "x" * (REPLY_SIZES[tag] - 2) + ">" if REPLY_SIZES[tag] > 1 else "<"
+            stream += reply_frame(request["id"], json.dumps({"tag": tag, "data": data}))
+        at = 0
+        while at < len(stream):
+            step = pieces.choice([1, 3, 4, 5, 4096, 65536, 300_000, 1 << 20])
+            conn.sendall(stream[at : at + step])
+            at += step
+            if pieces.random() < 0.2:
+                time.sleep(0.002)  # let the client read what is there so far
+
+    host = RawHost(os.path.join(socket_dir, "raw.sock"), len(REPLY_SIZES), answer)
+    directory = stage(tmp_path / "stage")
+    try:
+        completed = await run_python(
+            directory, READ_SCRIPT % len(REPLY_SIZES), script_env(host.path), python=interpreter
+        )
+    finally:
+        host.close()
+    out = completed.result()
+    assert out["results"] == {
+        str(tag): [tag, size, "<>" if size > 1 else "<<", max(size - 2, 0)]
+        for tag, size in enumerate(REPLY_SIZES)
+    }
+
+
+LYING_SCRIPT = """
+import json, threading, tracemalloc
+import hermes_tools
+
+tracemalloc.start()
+raised = {}
+
+def work(i):
+    try:
+        hermes_tools.echo("t", tag=i)
+    except hermes_tools.ToolCallError as exc:
+        raised[i] = str(exc)
+
+threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+_, peak = tracemalloc.get_traced_memory()
+print(json.dumps({"raised": raised, "peak": peak}))
+"""
+
+
+@pytest.mark.anyio
+async def test_a_reply_header_overstating_its_length_costs_only_what_came(
+    tmp_path: Path, socket_dir: str
+) -> None:
+    """A header announcing 4 GiB, then 1,000 bytes and the end: the client allocates
+    no more than what came, and every waiting caller (not only the one
+    reading) gets ToolCallError."""
+
+    def answer(requests: list[dict[str, Any]], conn: Any) -> None:
+        conn.sendall((0xFFFF_FFF0).to_bytes(4, "big") + b"\x82" + b"x" * 999)
+
+    host = RawHost(os.path.join(socket_dir, "raw.sock"), 4, answer)
+    directory = stage(tmp_path / "stage")
+    try:
+        completed = await run_python(directory, LYING_SCRIPT, script_env(host.path))
+    finally:
+        host.close()
+    out = completed.result()
+    assert sorted(out["raised"]) == ["0", "1", "2", "3"]
+    for message in out["raised"].values():
+        assert message.startswith("echo(): ") and "connection" in message, message
+    assert out["peak"] < 6 << 20, out["peak"]  # what came, not the 4 GiB announced
+
+
+def test_read_frame_across_the_buffer_ends() -> None:
+    """The client's reader alone, over a socketpair: a frame whose end would pass the
+    buffer's (moved down), a header cut by the buffer's end, a frame longer than the
+    buffer and a much longer one (grown as it comes)."""
+    import importlib.util
+    import socket
+    import threading
+
+    spec = importlib.util.spec_from_file_location(
+        "stub_client_under_test", Path(stubs.__file__).with_name("_client.py")
+    )
+    assert spec is not None and spec.loader is not None
+    client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client)
+    capacity = client._Connection._BUFFER
+
+    def frame_of_length(request_id: int, length: int) -> bytes:
+        """A reply frame exactly ``length`` bytes long, header included."""
+        for overhead in range(17, 32):  # the map, the id and the string's own header
+            frame = reply_frame(request_id, "y" * (length - overhead))
+            if len(frame) == length:
+                return frame
+        raise AssertionError(f"no frame is {length} bytes long")
+
+    sizes = [
+        100 * 1024,  # read first, with part of the next one
+        200 * 1024,  # its end passes the buffer's: moved down first
+        capacity - 2,  # fills the buffer but for the next header's first 2 bytes
+        50,
+        capacity + 1,  # longer than the buffer: its own
+        (4 << 20) + 12345,  # much longer
+        20,
+    ]
+    frames = [frame_of_length(i, size) for i, size in enumerate(sizes)]
+    assert [len(f) for f in frames] == sizes
+    ours, theirs = socket.socketpair()
+    writer = threading.Thread(target=theirs.sendall, args=(b"".join(frames),))
+    writer.start()
+    try:
+        connection = client._Connection(ours, TOKEN)
+        for frame in frames:
+            reply = connection._read_frame()
+            assert reply_frame(reply["id"], reply["result"]) == frame
+    finally:
+        writer.join()
+        ours.close()
+        theirs.close()
