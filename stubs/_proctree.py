@@ -35,6 +35,21 @@ def die_with_parent(sig):
     return _prctl(1, int(sig))
 
 
+def close_inherited(keep):
+    """In a forked child before its exec: close every descriptor above 2 but ``keep``
+    (what Popen's close_fds does), listed from /proc/self/fd, else the usual range."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc
+        fds = range(3, 1024)
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def _parents():
     """Map pid -> parent pid of every process visible in /proc."""
     parents = {}  # type: dict[int, int]

@@ -31,7 +31,7 @@ import sys
 import time
 
 if "kill_tree" not in globals():  # run alone: the host prepends _proctree.py's source
-    from _proctree import become_subreaper, kill_tree, reap
+    from _proctree import become_subreaper, close_inherited, kill_tree, reap
 
 try:
     import msgpack as _mp
@@ -165,17 +165,8 @@ class _Child(object):
                 os.dup2(stdin_fd, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                try:
-                    inherited = [int(name) for name in os.listdir("/proc/self/fd")]
-                except OSError:  # no /proc: what Python opened is not inherited anyway
-                    inherited = []
-                for fd in inherited:
-                    if fd > 2 and fd != check_w:
-                        try:
-                            os.close(fd)
-                        except OSError:
-                            pass
-                for number in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+                close_inherited(check_w)
+                for number in ("SIGPIPE", "SIGXFSZ"):
                     if hasattr(signal, number):
                         signal.signal(getattr(signal, number), signal.SIG_DFL)
                 if cwd:

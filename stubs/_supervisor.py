@@ -27,7 +27,7 @@ import sys
 # they were.
 
 if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
-    from _proctree import become_subreaper, die_with_parent, kill_tree, reap
+    from _proctree import become_subreaper, close_inherited, die_with_parent, kill_tree, reap
 
 
 def _parse(args):
@@ -163,16 +163,7 @@ def _exec(argv, report):
         for name in _DEFAULT_SIGNALS:
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), signal.SIG_DFL)
-        try:
-            open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
-        except OSError:  # no /proc: the usual range
-            open_fds = range(3, 1024)
-        for fd in open_fds:
-            if fd > 2 and fd != report:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        close_inherited(report)
         os.execvp(argv[0], argv)
     except OSError as exc:
         os.write(report, str(exc).encode("utf-8", "replace") or b"exec failed")

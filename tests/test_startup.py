@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -181,6 +182,49 @@ def test_the_supervisor_starts_without_subprocess_selectors_or_shutil(tmp_path: 
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time")}
     assert "_proctree" in imported  # the parse saw the supervisor's imports
     assert [m for m in SUPERVISOR_NOT_IMPORTED if m in imported] == []
+
+
+FDS_REPORT = (
+    "import os; fds = os.listdir('/proc/self/fd');"
+    " print(sorted(int(n) for n in fds if os.path.exists('/proc/self/fd/' + n)))"
+)
+
+
+def run_launch(command: list[str]) -> str:
+    """Start ``command`` through the supervisor, itself given a lifeline and a stray
+    descriptor as the runner might; its stdout."""
+    lifeline, keep = os.pipe()
+    stray, stray_keep = os.pipe()
+    try:
+        done = subprocess.run(
+            launch_argv(command, lifeline=lifeline),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            pass_fds=(lifeline, stray),
+        )
+    finally:
+        for fd in (lifeline, keep, stray, stray_keep):
+            os.close(fd)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_supervisors_launch_inherits_no_descriptor_but_0_1_2() -> None:
+    # (listdir's own descriptor is closed by the time each is checked)
+    assert run_launch([sys.executable, "-c", FDS_REPORT]).strip() == "[0, 1, 2]"
+
+
+def test_the_supervisors_launch_ignores_no_signal_it_ignores() -> None:
+    """An ignored signal stays ignored across an exec: SIGINT (the supervisor's),
+    SIGPIPE and SIGXFSZ (Python's) must be back to their defaults in the launch."""
+    status = run_launch(["cat", "/proc/self/status"])
+    ignored = int(
+        next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+    )
+    for number in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (number - 1)), f"{number!r} is ignored in the launch"
 
 
 # The program leaves without the interpreter's teardown of its modules, but does what
