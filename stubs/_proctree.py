@@ -41,7 +41,7 @@ def close_inherited(keep):
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:  # no /proc
-        fds = range(3, 1024)
+        fds = list(range(3, 1024))
     for fd in fds:
         if fd > 2 and fd != keep:
             try:
