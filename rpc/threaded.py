@@ -81,6 +81,10 @@ class LeaderFollowers:
         self._lent = False  # the turn's holder runs a call with it
         self._lent_calls = 0  # calls run with the turn lent so far: the watch's clock
         self._watched = False  # the watch looks at this source each tick
+        # Requests handed to the loop (_call_soon) and not yet queued there: the loop may
+        # end before it runs them, so close_later counts them done.
+        self._bound_for_loop = 0
+        self._later_closed = False  # close_later has run: nothing more goes to the loop
         self._input_ended = False
         self._finished = False
         self.closed = False
@@ -231,31 +235,43 @@ class LeaderFollowers:
         """Answer ``request`` on this thread, or send it to the loop (an async tool);
         return whether it is done here (the caller counts it done)."""
         reply = None if self.closed else self._server.reply_blocking(request)
-        # An async tool: to the run's event loop, into the source's tasks.
-        if (
-            reply is None
-            and not self.closed
-            and self._call_soon(functools.partial(self._start_later, request, tag))
-        ):
-            return False
         if reply is not None:
             self._send(reply, tag)
+            return True
+        # An async tool: to the run's event loop, into the source's tasks. Until the
+        # loop has queued it, close_later counts it done if the run ends first.
+        with self._state:
+            if self.closed or self._later_closed:
+                return True
+            self._bound_for_loop += 1
+        if self._call_soon(functools.partial(self._start_later, request, tag)):
+            return False
+        with self._state:  # the loop is gone
+            if self._later_closed:
+                return False  # close_later counted it
+            self._bound_for_loop -= 1
         return True
 
     def _start_later(self, request: Request, tag: Any) -> None:
         """On the loop: queue ``request`` for :meth:`run_later` (at most one per
-        thread of the source is ever queued)."""
-        try:
-            self._later_send.send_nowait((request, tag))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):  # the run ended
-            self._call_done()
+        thread of the source is ever queued); after :meth:`close_later`, which
+        counted it done, drop it."""
+        with self._state:
+            if self._later_closed:
+                return
+            self._bound_for_loop -= 1
+        self._later_send.send_nowait((request, tag))
 
     async def run_later(self) -> None:
         """On the loop, for the life of the source: answer each request that needs
-        the loop in a task of its own."""
+        the loop in a task of its own. Cancelled, it ends the queue (close_later):
+        a request left in it would never be answered nor counted done."""
         async with self._later:
-            async for request, tag in self._later:
-                self._tasks.start_soon(self._answer_later, request, tag)
+            try:
+                async for request, tag in self._later:
+                    self._tasks.start_soon(self._answer_later, request, tag)
+            finally:
+                self.close_later()
 
     async def _answer_later(self, request: Request, tag: Any) -> None:
         try:
@@ -291,14 +307,22 @@ class LeaderFollowers:
             self._call_soon(self.readers_gone.set)
 
     def close_later(self) -> None:
-        """On the loop: no more requests for :meth:`run_later`; those queued and not
-        started are dropped (the source is shut: no one would read their replies)."""
+        """On the loop: no more requests for :meth:`run_later`; those handed to the
+        loop and not started are dropped and counted done (the source is shut: no
+        one would read their replies). Idempotent."""
+        with self._state:
+            if self._later_closed:
+                return
+            self._later_closed = True
+            dropped, self._bound_for_loop = self._bound_for_loop, 0
         self._later_send.close()
         while True:
             try:
                 self._later.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                return
+                break
+            dropped += 1
+        for _ in range(dropped):
             self._call_done()
 
     def _finish_if_done(self) -> None:

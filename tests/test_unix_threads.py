@@ -364,3 +364,33 @@ async def test_frames_are_written_whole_under_concurrent_replies(socket_dir: str
             assert r["result"] == "x" * MiB
         else:
             assert json.loads(r["result"]) == {"i": r["id"]}
+
+
+async def test_a_run_that_ends_amid_calls_to_the_loop_releases_every_connection(
+    socket_dir: str,
+) -> None:
+    """A run cut off while a connection's requests stream to the loop (async tools):
+    a request handed to the loop but not yet started there was once lost when the
+    connection's queue was cancelled, so the connection was never released: its socket
+    was left to the garbage collector and the connection counted open. Tried many
+    times, cut at a later point in the stream each time."""
+    before = set(threading.enumerate())
+    for attempt in range(40):
+        await _end_amid_calls_to_the_loop(os.path.join(socket_dir, "s"), attempt)
+    await wait_until(lambda: not new_threads(before), "the serving threads ended")
+
+
+async def _end_amid_calls_to_the_loop(path: str, calls: int) -> None:
+    """Stream async calls, end the run once ``calls`` have reached the loop, and wait
+    for the connection to be released."""
+    handler = BlockingHandler()
+    server = RPCServer(handler, token=TOKEN)
+    async with serve_unix_socket(server, path):
+        client = await RawClient.open(path)
+        try:
+            await client.send(b"".join(request(i, "async") for i in range(400)))
+            await wait_until(lambda: handler.loop_calls > calls, "calls reach the loop")
+            server.abandon()
+        finally:
+            client.close()
+    await wait_until(lambda: server.connections == 0, f"released, cut after {calls} calls")
