@@ -209,6 +209,12 @@ class Runtime(abc.ABC):
     async def remove_tree(self, path: str) -> None:
         """Remove a directory and everything in it; a missing path is not an error."""
 
+    def orphaned_with(self, stage: str) -> list[str]:
+        """What a launch in ``stage`` removes if this host process dies while it runs:
+        the stage first, then every other private directory this runtime made and has
+        not removed (a session's workspace), which that death orphans too."""
+        return [stage]
+
     @abc.abstractmethod
     async def spawn(
         self,
@@ -222,8 +228,9 @@ class Runtime(abc.ABC):
         """Start ``argv`` with exactly ``env`` as its environment; its stdin reads the
         file ``stdin_path`` (a path here), else is closed (``/dev/null``).
 
-        ``stage`` is the run's directory: an environment that can removes it if this
-        host process dies while the process runs.
+        ``stage`` is the run's directory: an environment that can removes it (and the
+        rest of :meth:`orphaned_with`) if this host process dies while the process
+        runs.
         """
 
     @abc.abstractmethod

@@ -140,6 +140,7 @@ class ExecStreamEnvironment(Environment, Runtime):
         self.kill_grace = kill_grace
         self._python: str = python or self.settings.python
         self._home: str | None = None
+        self._made: list[str] = []  # private directories made here and not removed
         self._started = False
         self._closed = False
         self._setup()
@@ -465,9 +466,18 @@ class ExecStreamEnvironment(Environment, Runtime):
         """The directory the helper made (``mkdtemp``, ``stage``); learns the home."""
         made, home = answer.decode().split("\t")
         self._home = unhex(home) or None
+        self._made.append(unhex(made))
         return unhex(made)
 
+    def orphaned_with(self, stage: str) -> list[str]:
+        return [stage, *(made for made in self._made if made != stage)]
+
+    def _forget(self, path: str) -> None:
+        """``path`` is removed: no longer this runtime's to orphan."""
+        self._made = [made for made in self._made if made != path]
+
     async def remove_tree(self, path: str) -> None:
+        self._forget(path)
         await self._helper("rmtree", path)
 
 

@@ -5,7 +5,8 @@ where it works, with the host's network only when asked for. Every process this
 environment starts runs under the supervisor (stubs/_supervisor.py, composed by
 :func:`launch_argv`, outside bubblewrap): a child subreaper that ends everything the
 process started when it exits or when this host process dies (its lifeline pipe ends),
-and removes the run's stage in that case. Killing is by /proc ancestry below the
+and removes the run's stage in that case, with every private directory this
+environment made (a session's workspace). Killing is by /proc ancestry below the
 supervisor (:meth:`LocalEnvironment.kill_process_tree`), never by an environment
 variable or a session, which a script can leave.
 """
@@ -64,11 +65,11 @@ _SUPERVISOR_EXIT_SECONDS = 2.0
 SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
-def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None) -> list[str]:
+def launch_argv(argv: Sequence[str], *, lifeline: int, remove: Sequence[str] = ()) -> list[str]:
     """The command line of every local launch: ``argv`` under the supervisor.
 
     ``lifeline`` is the read end of a pipe whose write end only this process holds;
-    ``stage`` a directory the supervisor removes if this process dies first. This is
+    ``remove`` the directories the supervisor removes if this process dies first. This is
     the one place a launch is composed: a sandboxing prefix (bubblewrap) goes between
     the supervisor's ``--`` and ``argv``.
     """
@@ -76,8 +77,8 @@ def launch_argv(argv: Sequence[str], *, lifeline: int, stage: str | None = None)
     # files of the host's site-packages: a third of its start-up.
     supervisor = [sys.executable, "-E", "-S", SUPERVISOR_PATH]
     supervisor += ["--lifeline", str(lifeline), "--parent", str(os.getpid())]
-    if stage is not None:
-        supervisor += ["--remove", stage]
+    for path in remove:
+        supervisor += ["--remove", path]
     return [*supervisor, "--", *argv]
 
 
@@ -247,8 +248,9 @@ class LocalEnvironment(Environment, Runtime):
         env: Mapping[str, str],
         stage: str | None = None,
     ) -> _Supervised:
+        remove = [] if stage is None else self.orphaned_with(stage)
         handle = await open_supervised(
-            argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, stage=stage
+            argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, remove=remove
         )
         handle.track(self._live)
         return handle
@@ -392,6 +394,9 @@ class LocalEnvironment(Environment, Runtime):
         self._stages.append(made)
         return made
 
+    def orphaned_with(self, stage: str) -> list[str]:
+        return [stage, *(made for made in self._stages if made != stage)]
+
     async def remove_tree(self, path: str) -> None:
         def remove() -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
@@ -409,14 +414,15 @@ async def open_supervised(
     stderr: Any,
     cwd: str | None,
     env: Mapping[str, str],
-    stage: str | None = None,
+    remove: Sequence[str] = (),
 ) -> _Supervised:
     """Start ``argv`` on this machine under the supervisor (:func:`launch_argv`): every
-    local launch goes through here. Raises OSError (a ``cwd`` that does not exist)."""
+    local launch goes through here; ``remove``: the directories to remove if this
+    process dies first. Raises OSError (a ``cwd`` that does not exist)."""
     lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
     try:
         process = await anyio.open_process(
-            launch_argv(argv, lifeline=lifeline, stage=stage),
+            launch_argv(argv, lifeline=lifeline, remove=remove),
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,

@@ -82,10 +82,13 @@ async def _under_relay(
 
     # In the script's working directory: where the relay is contained (local under
     # bwrap), that directory is what the script may write.
-    # The relay removes the stage when its input ends (this host process is gone), and
+    # The relay removes the stage when its input ends (this host process is gone), with
+    # what else this runtime made that the death orphans (a session's workspace), and
     # with --remove-after once the script has exited too (it then says so: the
     # session's stage_removed).
     args = ["--remove", script.stage, *(["--remove-after"] if script.remove_after else [])]
+    for path in environment.orphaned_with(script.stage)[1:]:
+        args += ["--also-remove", path]
     channel = await environment.open_relay(
         script.stage,
         args,

@@ -10,7 +10,9 @@ Channel messages are frames (4-byte big-endian length, one msgpack map), as in
 docs/protocol.md section "Stream relay". Host to relay: run, rpc, close, kill.
 Relay to host: started, open, rpc, eof, close, out, exit, error. End of input from the
 host means it is gone: the relay kills everything it started, removes the run's stage
-(``--remove STAGE``) and exits. With ``--remove-after`` too (a one-shot run) it removes
+(``--remove STAGE``), with each ``--also-remove DIR`` (the other private directories
+the host made there, e.g. a session's workspace), and exits. With ``--remove-after``
+too (a one-shot run) it removes
 the stage once the script has exited as well, before it reports the exit, and says in
 that report whether the stage is gone (``removed``). It is a child subreaper: whatever
 the script starts stays below it however it daemonises, and is found by /proc ancestry (the host
@@ -232,9 +234,10 @@ def remove_tree(path):
 
 
 class Relay(object):
-    def __init__(self, channel_in, channel_out, stage=None, remove_after=False):
+    def __init__(self, channel_in, channel_out, stage=None, remove_after=False, also=()):
         self.stage = stage
         self.remove_after = remove_after and stage is not None
+        self.also_remove = list(also)  # removed with the stage when the host is gone
         self.cin = channel_in
         self.cout = channel_out
         self.sel = selectors.DefaultSelector()
@@ -585,8 +588,8 @@ class Relay(object):
     def host_gone(self):
         self.end_tree(0)
         self.shutdown()
-        if self.stage:
-            remove_tree(self.stage)
+        for path in [self.stage, *self.also_remove] if self.stage else []:
+            remove_tree(path)
         os._exit(0)
 
     def fatal(self, message):
@@ -660,9 +663,25 @@ def main():
     os.dup2(devnull, 1)
     os.close(devnull)
     sys.stdout = sys.stderr
-    args = sys.argv[1:]
-    stage = args[1] if args[:1] == ["--remove"] and len(args) > 1 else None
-    Relay(0, channel_out, stage, remove_after="--remove-after" in args[2:]).run()
+    stage, remove_after, also = _parse(sys.argv[1:])
+    Relay(0, channel_out, stage, remove_after, also).run()
+
+
+def _parse(args):
+    """``[--remove STAGE [--remove-after] [--also-remove DIR]...]``"""
+    stage, remove_after, also = None, False, []
+    while args:
+        name = args.pop(0)
+        if name == "--remove-after":
+            remove_after = True
+        elif name in ("--remove", "--also-remove") and args:
+            if name == "--remove":
+                stage = args.pop(0)
+            else:
+                also.append(args.pop(0))
+        else:
+            raise SystemExit("_hermes_relay.py: bad option %s" % name)
+    return stage, remove_after, also
 
 
 if __name__ == "__main__":

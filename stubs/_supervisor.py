@@ -1,7 +1,7 @@
 """The supervisor: every local launch runs under it, and what it launched dies with it.
 
 Stdlib only, Python 3.6+, Linux; run by the host's Python as ``python -E -S
-_supervisor.py --lifeline FD --parent PID [--remove DIR] -- ARGV...``. It
+_supervisor.py --lifeline FD --parent PID [--remove DIR]... -- ARGV...``. It
 
 - is a child subreaper, so whatever ARGV starts (daemons that double-fork, leave the
   session or clear their environment) stays below it;
@@ -9,7 +9,8 @@ _supervisor.py --lifeline FD --parent PID [--remove DIR] -- ARGV...``. It
 - ends everything below it (found by /proc ancestry, stopped processes included) when
   ARGV exits, when the runner is gone (end of input on the lifeline pipe FD, whose other
   end only the runner holds; a parent-death signal; or a parent pid that is no longer
-  PID), or on SIGTERM; then, if the runner is gone, removes DIR (the run's stage);
+  PID), or on SIGTERM; then, if the runner is gone, removes each DIR (the run's stage,
+  and the other private directories its environment made: a session's workspace);
 - exits with ARGV's status (killed by a signal: by the same signal).
 
 The host kills the tree itself too (environments/local.py), so a supervisor that the
@@ -31,12 +32,15 @@ if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
 
 
 def _parse(args):
-    options = {"lifeline": None, "parent": None, "remove": None}
+    options = {"lifeline": None, "parent": None, "remove": []}
     while args and args[0] != "--":
         name = args.pop(0).lstrip("-")
         if name not in options or not args:
             raise SystemExit("_supervisor.py: bad option --%s" % name)
-        options[name] = args.pop(0)
+        if name == "remove":  # may be given more than once
+            options[name].append(args.pop(0))
+        else:
+            options[name] = args.pop(0)
     if not args[1:]:
         raise SystemExit("_supervisor.py: nothing to run (ARGV after --)")
     return options, args[1:]
@@ -138,14 +142,16 @@ class Supervisor(object):
         return None
 
     def finish(self):
-        """Kill everything below; remove the stage if the runner is gone; return the
-        child's exit status as a wait status (None: it did not exit by itself)."""
+        """Kill everything below; remove the directories if the runner is gone;
+        return the child's exit status as a wait status (None: it did not exit by
+        itself)."""
         kill_tree(os.getpid(), 0, reap_children=True)
         self.reap()
         if self.runner_gone and self.remove:
             import shutil  # only here: it costs a third of the supervisor's imports
 
-            shutil.rmtree(self.remove, ignore_errors=True)
+            for path in self.remove:
+                shutil.rmtree(path, ignore_errors=True)
         return self.status
 
 

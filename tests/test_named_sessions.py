@@ -248,15 +248,25 @@ def test_socket_is_private_and_refuses_another_uid(sessions: Sessions) -> None:
         shutil.rmtree(outer, ignore_errors=True)
 
 
-def test_killing_the_daemon_leaves_no_interpreter(sessions: Sessions) -> None:
-    script = sessions.script("a.py", "w = 1\n")
-    assert sessions("run", "--session", "k", script).returncode == 0
+def test_killing_the_daemon_leaves_no_interpreter_and_no_directory(sessions: Sessions) -> None:
+    script = sessions.script(
+        "a.py", "import os, hermes_tools\nprint(os.getcwd())\nprint(hermes_tools.__file__)\n"
+    )
+    done = sessions("run", "--session", "k", script)
+    assert done.returncode == 0, done.stderr
+    workspace, stub = done.stdout.split()
+    made = {Path(workspace), Path(stub).parent}  # the session's workspace and stage
+    assert all(path.is_dir() for path in made), made
     pid = sessions.pid
     held = descendants(pid)
     assert held
     os.kill(pid, signal.SIGKILL)
     assert not wait_gone({pid})
     assert not wait_gone(held), "an interpreter outlived its daemon"
+    deadline = time.monotonic() + GONE_WITHIN
+    while any(path.exists() for path in made) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [path for path in made if path.exists()], "left behind by a killed daemon"
 
 
 def test_an_idle_daemon_exits_and_removes_its_socket(tmp_path: Path) -> None:

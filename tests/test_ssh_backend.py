@@ -15,6 +15,7 @@ Tests of configuration alone run everywhere.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -56,7 +57,8 @@ from hermes_sandbox.environments.ssh import (
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = REPO / "scripts" / "sshd-service"
-STAGE_RE = re.compile(r"^hermes-sandbox-[0-9a-f]{12}$")  # make_private_dir's names
+# make_private_dir's names: stages, and sessions' workspaces
+STAGE_RE = re.compile(r"^hermes-(sandbox|session)-[0-9a-f]{12}$")
 # Processes get this long to go after a run before a test calls them left behind.
 SETTLE_SECONDS = 5.0
 
@@ -969,6 +971,42 @@ def test_server_going_away_mid_run_ends_the_run(server: Server, own_known_hosts:
     finally:
         crasher.join()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+SESSION_HOST = """
+import json, os, sys, time
+from hermes_sandbox import Session
+s = Session(persistent=True, backend="ssh", backend_options=json.loads(sys.argv[1]), timeout=60)
+s.start()
+result = s.run("import hermes_tools, os; print(os.getcwd()); print(hermes_tools.__file__)")
+print(result.output, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_session_whose_host_dies_leaves_nothing_on_the_server(
+    server: Server, own_known_hosts: str
+) -> None:
+    """The host holding a persistent session is killed (SIGKILL: no clean-up of its
+    own). The relay sees its input end: it kills the interpreter and removes the stage
+    and the session's workspace, which the host's death orphaned too (the ``server``
+    fixture checks that no process and no directory of the test user is left)."""
+    options = json.dumps(server.options(known_hosts=own_known_hosts))
+    with subprocess.Popen(
+        [sys.executable, "-c", SESSION_HOST, options], stdout=subprocess.PIPE, text=True
+    ) as host:
+        try:
+            assert host.stdout is not None
+            workspace, stub = host.stdout.readline().strip(), host.stdout.readline().strip()
+            made = {Path(workspace), Path(stub).parent}
+            assert all(path.is_dir() for path in made), (workspace, stub)
+        finally:
+            host.kill()
+            host.wait(SETTLE_SECONDS)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while any(path.exists() for path in made) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [path for path in made if path.exists()], "left on the server by a dead host"
 
 
 @pytest.mark.anyio

@@ -221,6 +221,7 @@ class SSHEnvironment(ExecStreamEnvironment):
         if path in self._stages:
             self._stages.discard(path)
             if await self._status(["rm", "-rf", "--", path]) == 0:
+                self._forget(path)
                 return
         await super().remove_tree(path)
 
