@@ -112,11 +112,10 @@ async def _under_relay(
         except RelayError as exc:
             details = helper_failure_text(channel.stderr_tail)
             hint = bwrap_failure_hint(details)
-            failure = TransportUnavailable(
-                f"the relay could not start the script: {exc}"
-                + (f"\n{details[-2000:]}" if details else "")
-                + (f"\n{hint}" if hint else "")
-            )
+            said = f"the relay could not start the script: {exc}"
+            if details and details.splitlines()[-1] not in said:  # not said already
+                said += f"\n{details[-2000:]}"
+            failure = TransportUnavailable(said + (f"\n{hint}" if hint else ""))
         if failure is None:
             yield session
     if failure is not None:  # raised out here, not wrapped in the session's task group

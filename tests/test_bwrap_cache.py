@@ -236,7 +236,7 @@ def test_a_run_that_fails_in_bwrap_drops_the_entry(
     assert result["status"] == "error", result
     assert "--version" not in stand_in.lines()  # it trusted the entry: no probe
     said = result["error"] + (result.get("hint") or "")
-    assert "bwrap: Can't find source path" in said
+    assert said.count("bwrap: Can't find source path") == 1, said  # said once
     assert "cached result of its probe was dropped" in said
     assert stand_in.entries() == []
     # The next run probes, finds bwrap broken, and runs without it (auto).
