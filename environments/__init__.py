@@ -10,7 +10,7 @@ class names its backend (``backend``).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hermes_sandbox.environments.base import (
     CommandResult,
@@ -23,6 +23,7 @@ from hermes_sandbox.environments.base import (
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.local import LocalSettings
 from hermes_sandbox.environments.settings import BackendSettings
+from hermes_sandbox.lazy import lazy_names
 
 if TYPE_CHECKING:
     from hermes_sandbox.environments.daytona.settings import DaytonaSettings
@@ -45,13 +46,7 @@ _LAZY_NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, _LAZY_NAMES)
 
 
 # name -> "module:Class" of its environment.

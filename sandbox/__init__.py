@@ -19,8 +19,9 @@ whose schema lists them for the model. The layers are subpackages
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hermes_sandbox.lazy import lazy_names
 
 # Each public name -> the module that defines it. They are imported at first use (PEP
 # 562), so ``hermes-sandbox run`` does not import the agent loops, the delegation host
@@ -67,18 +68,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is a plain global
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 if TYPE_CHECKING:
     from hermes_sandbox.agent_loop import AgentLoop, ChildTask, ChildToolbox, FunctionLoop
