@@ -337,7 +337,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
 
     # The options of a run, shared by run and delegate.
-    run_args = argparse.ArgumentParser(add_help=False)
+    run_args = _Parser(add_help=False)
     # Defaults of None: "not given", so the config file's value applies.
     run_args.add_argument(
         "--timeout",

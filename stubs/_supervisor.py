@@ -32,18 +32,19 @@ if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
 
 
 def _parse(args):
-    options = {"lifeline": None, "parent": None, "remove": []}
+    options = {"lifeline": None, "parent": None}
+    remove = []  # --remove may be given more than once
     while args and args[0] != "--":
         name = args.pop(0).lstrip("-")
-        if name not in options or not args:
+        if (name not in options and name != "remove") or not args:
             raise SystemExit("_supervisor.py: bad option --%s" % name)
-        if name == "remove":  # may be given more than once
-            options[name].append(args.pop(0))
+        if name == "remove":
+            remove.append(args.pop(0))
         else:
             options[name] = args.pop(0)
     if not args[1:]:
         raise SystemExit("_supervisor.py: nothing to run (ARGV after --)")
-    return options, args[1:]
+    return options, remove, args[1:]
 
 
 class Supervisor(object):
@@ -201,12 +202,12 @@ def _exit_like(status):
 
 
 def main(args):
-    options, argv = _parse(list(args))
+    options, remove, argv = _parse(list(args))
     lifeline = None if options["lifeline"] is None else int(options["lifeline"])
     parent = None if options["parent"] is None else int(options["parent"])
     if lifeline is not None:
         os.set_blocking(lifeline, False)
-    _exit_like(Supervisor(argv, lifeline, parent, options["remove"]).run())
+    _exit_like(Supervisor(argv, lifeline, parent, remove).run())
 
 
 if __name__ == "__main__":

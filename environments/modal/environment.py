@@ -466,7 +466,7 @@ class ModalEnvironment(ExecStreamEnvironment):
         channel), after writing ``files`` into ``stage`` in the same exec. If its output
         ends because the sandbox stopped, the stream's stderr_tail says so."""
         argv, bundle = self._put_first(argv, stage, files)
-        stream = await self._open_exec(argv, env=env, cwd=cwd, stdin=True, diagnose=True)
+        stream = await self._open_exec(list(argv), env=env, cwd=cwd, stdin=True, diagnose=True)
         if bundle:
             await self._send_bundle(stream, bundle)
         return stream
