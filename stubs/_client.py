@@ -102,29 +102,39 @@ class _ReplyBoard(object):
         return waiter
 
     def forget(self, key):
-        """A registered call that sent nothing and will not wait."""
+        """A registered call that leaves without its reply and without the read turn
+        (it sent nothing, the connection failed, or an exception interrupted its wait):
+        it is dropped, and a turn that may have been handed to it is handed on."""
         with self._lock:
             self._waiting.pop(key, None)
+            self._arrived.pop(key, None)
+            if not self._reading:
+                for other in self._waiting.values():
+                    other.wake()
+                    break
 
     def wait(self, key, waiter, read_until):
         """The reply for ``key``: delivered by the caller holding the read turn, or read
         by ``read_until(key)`` once this caller takes the turn. Raises :attr:`failure`
         once set, or what ``read_until`` raises."""
         lock = self._lock
-        while True:
-            with lock:
-                reply = self._arrived.pop(key, None)
-                if reply is not None:
-                    return reply
-                if self.failure is not None:
-                    self._waiting.pop(key, None)
-                    raise self.failure
-                if not self._reading:
-                    self._reading = True
-                    break
-            waiter.lock.acquire()  # woken by its reply, a failure, or to take the read turn
-            with lock:
-                waiter.woken = False  # only now: never released twice, never lost
+        try:
+            while True:
+                with lock:
+                    reply = self._arrived.pop(key, None)
+                    if reply is not None:
+                        return reply
+                    if self.failure is not None:
+                        raise self.failure
+                    if not self._reading:
+                        self._reading = True
+                        break
+                waiter.lock.acquire()  # woken by its reply, a failure, or to take the turn
+                with lock:
+                    waiter.woken = False  # only now: never released twice, never lost
+        except BaseException:  # the failure, or a signal handler's exception (Ctrl-C)
+            self.forget(key)
+            raise
         try:
             return read_until(key)
         finally:

@@ -1216,3 +1216,52 @@ def test_a_reader_interrupted_by_an_exception_passes_the_turn_on(
         assert answered(results, 1), results
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("transport", sorted(PEERS))
+def test_a_waiting_caller_interrupted_by_an_exception_passes_the_turn_on(
+    tmp_path: Path, transport: str
+) -> None:
+    """The main thread waits behind the reader, before another caller, when a signal's
+    handler raises in it: its call raises; when the reader leaves, the turn goes to the
+    caller still waiting (not to the main thread's spent waiter), which gets its reply."""
+    import threading
+
+    peer = PEERS[transport](load_client(), tmp_path)
+    board = peer.connection._board
+    results: dict[int, Any] = {}
+    threads = []
+    main_waits = threading.Event()
+
+    def direct() -> None:
+        try:
+            threads.append(calling(peer.connection, 0, results))
+            peer.wait_requests(1)
+            eventually(lambda: board._reading, "the first caller takes the read turn")
+            main_waits.set()
+            peer.wait_requests(2)  # the main thread's
+            threads.append(calling(peer.connection, 2, results))
+            peer.wait_requests(3)
+            settle()
+        finally:
+            main_waits.set()
+            interrupt_main_thread()
+
+    try:
+        with interrupted_by_sigusr1():
+            director = threading.Thread(target=direct, daemon=True)
+            director.start()
+            assert main_waits.wait(SCRIPT_TIMEOUT)
+            with pytest.raises(Interrupted):
+                peer.connection.call("echo", {"tag": 1})
+            director.join(SCRIPT_TIMEOUT)
+        peer.answer(0)
+        threads[0].join(SCRIPT_TIMEOUT)
+        assert answered(results, 0), results
+        eventually(lambda: board._reading, "the caller still waiting takes the turn on")
+        peer.answer(2)
+        threads[1].join(SCRIPT_TIMEOUT)
+        assert answered(results, 2), results
+        assert not board._reading and not board._waiting and not board._arrived
+    finally:
+        peer.close()
