@@ -54,7 +54,7 @@ class ToolCallError(RuntimeError):
 
 class _Waiter(object):
     """A waiting call's own wake-up: a lock held until :meth:`wake` releases it.
-    ``woken`` (guarded by the connection's lock) is true from a release until the
+    ``woken`` (guarded by the :class:`_ReplyBoard`'s lock) is true from a release until the
     caller has taken the lock again, so the lock is never released twice; a wake in
     between finds the caller about to look at the state it changed first."""
 
@@ -71,13 +71,112 @@ class _Waiter(object):
             self.lock.release()
 
 
+class _ReplyBoard(object):
+    """Where the calls of one connection wait for their replies, and the read turn they
+    pass between them (leader/follower): the one mechanism of both clients, which differ
+    only in how the caller holding the turn reads (a socket, a directory).
+
+    A call :meth:`register` s its key before it sends its request, then :meth:`wait` s:
+    it returns the reply another caller delivered to it; or, when no caller holds the
+    read turn, takes it and returns what ``read_until(key)`` reads, that caller handing
+    the replies of others to them with :meth:`deliver` as they come; or else it sleeps
+    on its own :class:`_Waiter`. The caller leaving the turn wakes one still waiting,
+    which takes the turn on. After :meth:`fail` every wait, now and later, raises.
+    """
+
+    __slots__ = ("_arrived", "_lock", "_reading", "_waiting", "failure")
+
+    def __init__(self):
+        self._lock = _threading.Lock()  # guards the four below and each _Waiter's flag
+        self._waiting = {}  # key -> the _Waiter of the call still waiting
+        self._arrived = {}  # key -> its reply (never None), read by another caller
+        self._reading = False  # a caller holds the read turn
+        self.failure = None  # the error that ended the connection
+
+    def register(self, key):
+        """The new call's :class:`_Waiter`, registered before its request is sent (its
+        reply may be quick)."""
+        waiter = _Waiter()
+        with self._lock:
+            self._waiting[key] = waiter
+        return waiter
+
+    def forget(self, key):
+        """A registered call that leaves without its reply and without the read turn
+        (it sent nothing, the connection failed, or an exception interrupted its wait):
+        it is dropped, and a turn that may have been handed to it is handed on."""
+        with self._lock:
+            self._waiting.pop(key, None)
+            self._arrived.pop(key, None)
+            if not self._reading:
+                for other in self._waiting.values():
+                    other.wake()
+                    break
+
+    def wait(self, key, waiter, read_until):
+        """The reply for ``key``: delivered by the caller holding the read turn, or read
+        by ``read_until(key)`` once this caller takes the turn. Raises :attr:`failure`
+        once set, or what ``read_until`` raises."""
+        lock = self._lock
+        try:
+            while True:
+                with lock:
+                    reply = self._arrived.pop(key, None)
+                    if reply is not None:
+                        return reply
+                    if self.failure is not None:
+                        raise self.failure
+                    if not self._reading:
+                        self._reading = True
+                        break
+                waiter.lock.acquire()  # woken by its reply, a failure, or to take the turn
+                with lock:
+                    waiter.woken = False  # only now: never released twice, never lost
+        except BaseException:  # the failure, or a signal handler's exception (Ctrl-C)
+            self.forget(key)
+            raise
+        try:
+            return read_until(key)
+        finally:
+            with lock:
+                self._waiting.pop(key, None)
+                self._reading = False
+                for other in self._waiting.values():  # one caller still waiting reads on
+                    other.wake()
+                    break
+
+    def deliver(self, key, reply):
+        """Hand ``reply`` (never None) to the call waiting for ``key``, waking it alone;
+        dropped if no call waits for it."""
+        with self._lock:
+            waiter = self._waiting.pop(key, None)
+            if waiter is not None:
+                self._arrived[key] = reply
+                waiter.wake()
+
+    def waited_among(self, keys):
+        """The keys among ``keys`` that calls wait for."""
+        with self._lock:
+            return self._waiting.keys() & keys
+
+    def fail(self, error):
+        """End every wait with ``error``, or with the failure set before it; return
+        the failure."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = error
+            for waiter in self._waiting.values():
+                waiter.wake()
+        return self.failure
+
+
 class _Connection(object):
     """One socket to the host, shared by every thread of the script.
 
     Calls overlap: each gets a fresh request id, its frame is written whole under a
     short send lock, and whichever waiting caller holds the read turn reads replies
-    and hands each to its owner (leader/follower), waking that caller alone (each
-    waits on a lock of its own), so no call waits on another's tool.
+    and hands each to its owner (a :class:`_ReplyBoard`), so no call waits on
+    another's tool.
 
     Replies are read with ``recv_into`` into one buffer kept for the connection and
     decoded where they lie; a reply too long for it is read into a buffer of its own,
@@ -93,11 +192,7 @@ class _Connection(object):
         self._max_frame = _max_frame()  # once: os.environ costs µs on every call
         self._ids = _itertools.count(1)  # next() is atomic: no lock needed for ids
         self._send_lock = _threading.Lock()
-        self._lock = _threading.Lock()  # guards the four below and each _Waiter's flag
-        self._waiting = {}  # request id -> the _Waiter of the call still waiting
-        self._arrived = {}  # request id -> its reply, read by another caller
-        self._reading = False
-        self._failure = None
+        self._board = _ReplyBoard()  # keyed by request id
         # Only the caller holding the read turn touches these.
         self._buffer = bytearray(self._BUFFER)
         self._view = memoryview(self._buffer)
@@ -105,46 +200,24 @@ class _Connection(object):
         self._end = 0
 
     def call(self, tool, args):
-        if self._failure is not None:
-            raise self._failure
+        board = self._board
+        if board.failure is not None:
+            raise board.failure
         request_id = next(self._ids)
         body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
         refused = _over_cap(request_id, body, self._max_frame)
         if refused is not None:
             return refused
-        waiter = _Waiter()
-        with self._lock:
-            self._waiting[request_id] = waiter  # before the request: its reply may be quick
+        waiter = board.register(request_id)
         try:
             with self._send_lock:
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
-        while True:
-            with self._lock:
-                reply = self._arrived.pop(request_id, None)
-                if reply is not None:
-                    return reply
-                if self._failure is not None:
-                    self._waiting.pop(request_id, None)
-                    raise self._failure
-                if not self._reading:
-                    self._reading = True
-                    break
-            waiter.lock.acquire()  # woken by its reply, a failure, or to take the read turn
-            with self._lock:
-                waiter.woken = False  # only now: never released twice, never lost
-        try:
-            return self._read_until(request_id)
-        finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
-                self._reading = False
-                for other in self._waiting.values():  # one caller still waiting reads on
-                    other.wake()
-                    break
+        return board.wait(request_id, waiter, self._read_until)
 
     def _read_until(self, request_id):
+        deliver = self._board.deliver
         try:
             while True:
                 reply = self._read_frame()
@@ -158,11 +231,7 @@ class _Connection(object):
                             "the host closed the connection: %s" % (error.get("message"),)
                         )
                     )
-                with self._lock:
-                    waiter = self._waiting.pop(reply_id, None)
-                    if waiter is not None:  # else no call of ours waits for it: dropped
-                        self._arrived[reply_id] = reply
-                        waiter.wake()
+                deliver(reply_id, reply)  # dropped if no call of ours waits for it
         except ToolCallError:
             raise
         except (OSError, ValueError, EOFError) as exc:
@@ -227,16 +296,12 @@ class _Connection(object):
         return reply
 
     def _fail(self, error):
-        with self._lock:
-            if self._failure is None:
-                self._failure = error
-            for waiter in self._waiting.values():
-                waiter.wake()
+        failure = self._board.fail(error)
         try:
             self._sock.close()
         except OSError:
             pass
-        raise self._failure
+        raise failure
 
     def close(self):
         try:
@@ -328,9 +393,9 @@ class _FileConnection(object):
     carries the pid, so a forked child's calls never collide with its parent's.
 
     One waiting thread at a time looks for replies, for every waiting call of this
-    process, and hands each to its caller (leader/follower), waking that caller alone
-    (each waits on a lock of its own: a reply never wakes the other waiting threads,
-    which under many threads cost more than the call): it sleeps on inotify where
+    process, and hands each to its caller (a :class:`_ReplyBoard`), waking that caller
+    alone (a reply never wakes the other waiting threads, which under many threads
+    cost more than the call): it sleeps on inotify where
     the kernel reports the directory's renames, else it polls the directory with one
     listing per look, however many calls wait. A look that finds a reply inotify did not
     report (a shared filesystem that does not tell) turns inotify off for good.
@@ -345,10 +410,8 @@ class _FileConnection(object):
         self._max_frame = _max_frame()
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
-        self._lock = _threading.Lock()  # guards the three below and each _Waiter's flag
-        self._waiting = {}  # reply file name -> the _Waiter of the call still waiting
-        self._arrived = {}  # reply file name -> its bytes, or the OSError reading it
-        self._looking = False
+        # Keyed by reply file name; a reply is the file's bytes, or the OSError reading it.
+        self._board = _ReplyBoard()
         try:
             self._watch = _ReplyWatch(directory)
         except Exception:  # no inotify here (not Linux, no ctypes, a full watch table)
@@ -363,20 +426,17 @@ class _FileConnection(object):
             return refused
         reply_name = key + ".rep"
         temporary = _os.path.join(self._directory, "." + key + ".req.tmp")
-        waiter = _Waiter()
-        with self._lock:
-            self._waiting[reply_name] = waiter  # before the request: its reply may be quick
+        waiter = self._board.register(reply_name)
         try:
             _write_file(temporary, _HEADER.pack(len(body)) + body)
             _os.rename(temporary, _os.path.join(self._directory, key + ".req"))
         except OSError as exc:
-            with self._lock:
-                self._waiting.pop(reply_name, None)
+            self._board.forget(reply_name)
             raise ToolCallError(
                 "cannot write the request in %s: %s" % (self._directory, exc)
             ) from None
         # The host answers every request; the run's timeout bounds this.
-        data = self._wait(reply_name, waiter)
+        data = self._board.wait(reply_name, waiter, self._look_until)
         if isinstance(data, OSError):
             raise ToolCallError("cannot read the reply: %s" % (data,))
         try:
@@ -388,33 +448,11 @@ class _FileConnection(object):
             raise ToolCallError("the host's reply is not a map")
         return reply
 
-    def _wait(self, reply_name, waiter):
-        while True:
-            with self._lock:
-                if reply_name in self._arrived:
-                    return self._arrived.pop(reply_name)
-                if not self._looking:
-                    self._looking = True
-                    break
-            waiter.lock.acquire()  # woken by its reply, or to take over the looking
-            with self._lock:
-                waiter.woken = False  # only now: never released twice, never lost
-        try:
-            return self._look_until(reply_name)
-        finally:
-            with self._lock:
-                self._looking = False
-                for other in self._waiting.values():  # one caller still waiting looks on
-                    other.wake()
-                    break
-
     def _look_until(self, reply_name):
+        """The reply for ``reply_name``, looked for by the caller holding the read turn,
+        which hands the other callers theirs as it finds them."""
         delay = self._POLL_MIN
         while True:
-            with self._lock:
-                mine = self._arrived.pop(reply_name, None)
-            if mine is not None:
-                return mine
             watch = self._watch
             if watch is None:
                 found = self._listed()
@@ -432,22 +470,22 @@ class _FileConnection(object):
                         self._watch = None  # renames here are not reported: poll
                         watch.close()
                     found = listed | (reported or set())
-            self._collect(found)
+            mine = self._collect(found, reply_name)
+            if mine is not None:
+                return mine
 
     def _listed(self):
         try:
             names = _os.listdir(self._directory)
         except OSError:
             return set()
-        with self._lock:
-            return self._waiting.keys() & names
+        return self._board.waited_among(names)
 
-    def _collect(self, names):
+    def _collect(self, names, reply_name):
         """Read and remove the reply files among ``names`` that calls wait for, and
-        hand each to its caller."""
-        with self._lock:
-            names = self._waiting.keys() & names
-        for name in names:
+        hand each to its caller; return the one for ``reply_name`` if among them."""
+        mine = None
+        for name in self._board.waited_among(names):
             path = _os.path.join(self._directory, name)
             try:
                 data = _read_file(path)
@@ -459,11 +497,11 @@ class _FileConnection(object):
                 _os.unlink(path)
             except OSError:
                 pass
-            with self._lock:
-                waiter = self._waiting.pop(name, None)
-                self._arrived[name] = data
-                if waiter is not None:
-                    waiter.wake()
+            if name == reply_name:
+                mine = data
+            else:
+                self._board.deliver(name, data)
+        return mine
 
     def close(self):
         watch, self._watch = self._watch, None

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -921,13 +921,9 @@ async def test_a_reply_header_overstating_its_length_costs_only_what_came(
     assert out["peak"] < 6 << 20, out["peak"]  # what came, not the 4 GiB announced
 
 
-def test_read_frame_across_the_buffer_ends() -> None:
-    """The client's reader alone, over a socketpair: a frame whose end would pass the
-    buffer's (moved down), a header cut by the buffer's end, a frame longer than the
-    buffer and a much longer one (grown as it comes)."""
+def load_client() -> Any:
+    """The stub's client code as a module of its own, to drive in this process."""
     import importlib.util
-    import socket
-    import threading
 
     spec = importlib.util.spec_from_file_location(
         "stub_client_under_test", Path(stubs.__file__).with_name("_client.py")
@@ -935,6 +931,17 @@ def test_read_frame_across_the_buffer_ends() -> None:
     assert spec is not None and spec.loader is not None
     client = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(client)
+    return client
+
+
+def test_read_frame_across_the_buffer_ends() -> None:
+    """The client's reader alone, over a socketpair: a frame whose end would pass the
+    buffer's (moved down), a header cut by the buffer's end, a frame longer than the
+    buffer and a much longer one (grown as it comes)."""
+    import socket
+    import threading
+
+    client = load_client()
     capacity = client._Connection._BUFFER
 
     def frame_of_length(request_id: int, length: int) -> bytes:
@@ -968,3 +975,293 @@ def test_read_frame_across_the_buffer_ends() -> None:
         writer.join()
         ours.close()
         theirs.close()
+
+
+# -- the read turn both clients pass between their callers (_ReplyBoard) -------------
+#
+# In this process, with real threads: a peer plays the host by hand, over a socketpair
+# or in a directory, and answers each request only when the test says so.
+
+
+class SocketPeer:
+    """The host's end of a socketpair whose other end is a client ``_Connection``."""
+
+    def __init__(self, client: Any, directory: Path) -> None:
+        import socket
+
+        ours, self.sock = socket.socketpair()
+        self.sock.settimeout(SCRIPT_TIMEOUT)
+        self.connection = client._Connection(ours, TOKEN)
+        self.requests: list[dict[str, Any]] = []
+        self._buffer = b""
+
+    def wait_requests(self, count: int) -> None:
+        import msgpack
+
+        while len(self.requests) < count:
+            while len(self._buffer) >= 4 + int.from_bytes(self._buffer[:4], "big"):
+                size = int.from_bytes(self._buffer[:4], "big")
+                self.requests.append(msgpack.unpackb(self._buffer[4 : 4 + size]))
+                self._buffer = self._buffer[4 + size :]
+            if len(self.requests) < count:
+                chunk = self.sock.recv(65536)
+                assert chunk, "the client closed the connection"
+                self._buffer += chunk
+
+    def answer(self, tag: int) -> None:
+        (request,) = [r for r in self.requests if r["args"]["tag"] == tag]
+        self.sock.sendall(reply_frame(request["id"], json.dumps({"tag": tag})))
+
+    def close(self) -> None:
+        self.sock.close()
+        self.connection.close()
+
+
+class DirectoryPeer:
+    """The host's side of a call directory whose client is a ``_FileConnection``."""
+
+    def __init__(self, client: Any, directory: Path) -> None:
+        self.directory = directory
+        self.connection = client._FileConnection(str(directory), TOKEN)
+        self.requests: list[dict[str, Any]] = []
+        self._keys: dict[int, str] = {}  # tag -> the request's file key
+
+    def wait_requests(self, count: int) -> None:
+        import msgpack
+
+        def arrived() -> bool:
+            for name in os.listdir(self.directory):
+                key = name[: -len(".req")]
+                if name.endswith(".req") and key not in self._keys.values():
+                    request = msgpack.unpackb((self.directory / name).read_bytes()[4:])
+                    (self.directory / name).unlink()
+                    self._keys[request["args"]["tag"]] = key
+                    self.requests.append(request)
+            return len(self.requests) >= count
+
+        eventually(arrived, f"{count} requests in {self.directory}")
+
+    def answer(self, tag: int) -> None:
+        (request,) = [r for r in self.requests if r["args"]["tag"] == tag]
+        temporary = self.directory / f".{tag}.rep.tmp"
+        temporary.write_bytes(reply_frame(request["id"], json.dumps({"tag": tag})))
+        os.rename(temporary, self.directory / (self._keys[tag] + ".rep"))
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+PEERS = {"socket": SocketPeer, "files": DirectoryPeer}
+
+
+def eventually(condition: Any, what: str) -> None:
+    """Wait (bounded) until ``condition()`` holds; fail the test naming ``what`` if not."""
+    import time
+
+    deadline = time.monotonic() + SCRIPT_TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.001)
+
+
+def calling(connection: Any, tag: int, results: dict[int, Any]) -> Any:
+    """A thread making one call tagged ``tag``; its reply or error lands in ``results``."""
+    import threading
+
+    def call() -> None:
+        try:
+            results[tag] = connection.call("echo", {"tag": tag})
+        except BaseException as exc:
+            results[tag] = exc
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
+def answered(results: dict[int, Any], tag: int) -> bool:
+    reply = results.get(tag)
+    return isinstance(reply, dict) and reply.get("result") == json.dumps({"tag": tag})
+
+
+def settle() -> None:
+    """A moment for the callers just started to go to sleep on their waiters: without
+    it a test may pass without testing a hand-off, never fail."""
+    import time
+
+    time.sleep(0.05)
+
+
+class Interrupted(Exception):
+    """What the test's signal handler raises in the main thread (a Ctrl-C, say)."""
+
+
+@contextmanager
+def interrupted_by_sigusr1() -> Iterator[None]:
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def interrupt_main_thread() -> None:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGUSR1)
+
+
+@pytest.mark.parametrize("transport", sorted(PEERS))
+def test_the_read_turn_passes_on_when_the_readers_own_reply_comes_first(
+    tmp_path: Path, transport: str
+) -> None:
+    """The caller holding the read turn gets its reply while three others wait: it
+    leaves, and one of them takes the turn and reads the others' replies."""
+    peer = PEERS[transport](load_client(), tmp_path)
+    board = peer.connection._board
+    results: dict[int, Any] = {}
+    try:
+        reader = calling(peer.connection, 0, results)
+        peer.wait_requests(1)
+        eventually(lambda: board._reading, "the first caller takes the read turn")
+        waiting = [calling(peer.connection, tag, results) for tag in (1, 2, 3)]
+        peer.wait_requests(4)
+        settle()
+        peer.answer(0)
+        reader.join(SCRIPT_TIMEOUT)
+        assert answered(results, 0), results
+        eventually(lambda: board._reading, "a waiting caller takes the turn on")
+        for tag in (3, 1, 2):
+            peer.answer(tag)
+        for thread in waiting:
+            thread.join(SCRIPT_TIMEOUT)
+        assert all(answered(results, tag) for tag in (1, 2, 3)), results
+        assert not board._reading and not board._waiting and not board._arrived
+    finally:
+        peer.close()
+
+
+def test_a_failure_while_callers_wait_reaches_each_and_every_later_call(
+    tmp_path: Path,
+) -> None:
+    """The host answers one of three waiting calls and closes: that call gets its
+    reply, the reader and the other waiting call ToolCallError, and a later call
+    raises at once, sending nothing."""
+    client = load_client()
+    peer = SocketPeer(client, tmp_path)
+    board = peer.connection._board
+    results: dict[int, Any] = {}
+    try:
+        threads = [calling(peer.connection, 0, results)]
+        peer.wait_requests(1)
+        eventually(lambda: board._reading, "the first caller takes the read turn")
+        threads += [calling(peer.connection, tag, results) for tag in (1, 2)]
+        peer.wait_requests(3)
+        settle()
+        peer.answer(1)
+        peer.sock.close()
+        for thread in threads:
+            thread.join(SCRIPT_TIMEOUT)
+        assert answered(results, 1), results
+        for tag in (0, 2):
+            assert isinstance(results[tag], client.ToolCallError), results
+            assert "connection" in str(results[tag])
+        with pytest.raises(client.ToolCallError) as later:
+            peer.connection.call("echo", {"tag": 3})
+        assert later.value is results[0]
+        assert not board._reading and not board._waiting and not board._arrived
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("transport", sorted(PEERS))
+def test_a_reader_interrupted_by_an_exception_passes_the_turn_on(
+    tmp_path: Path, transport: str
+) -> None:
+    """The main thread holds the read turn when a signal's handler raises in it (a
+    Ctrl-C that the script catches): the call raises, and the caller waiting behind
+    it takes the turn and gets its reply."""
+    import threading
+
+    peer = PEERS[transport](load_client(), tmp_path)
+    board = peer.connection._board
+    results: dict[int, Any] = {}
+    waiting = []
+
+    def direct() -> None:
+        try:
+            peer.wait_requests(1)
+            eventually(lambda: board._reading, "the main thread takes the read turn")
+            waiting.append(calling(peer.connection, 1, results))
+            peer.wait_requests(2)
+            settle()
+        finally:
+            interrupt_main_thread()
+
+    try:
+        with interrupted_by_sigusr1():
+            director = threading.Thread(target=direct, daemon=True)
+            director.start()
+            with pytest.raises(Interrupted):
+                peer.connection.call("echo", {"tag": 0})
+            director.join(SCRIPT_TIMEOUT)
+        eventually(lambda: board._reading, "the waiting caller takes the turn on")
+        peer.answer(1)
+        waiting[0].join(SCRIPT_TIMEOUT)
+        assert answered(results, 1), results
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("transport", sorted(PEERS))
+def test_a_waiting_caller_interrupted_by_an_exception_passes_the_turn_on(
+    tmp_path: Path, transport: str
+) -> None:
+    """The main thread waits behind the reader, before another caller, when a signal's
+    handler raises in it: its call raises; when the reader leaves, the turn goes to the
+    caller still waiting (not to the main thread's spent waiter), which gets its reply."""
+    import threading
+
+    peer = PEERS[transport](load_client(), tmp_path)
+    board = peer.connection._board
+    results: dict[int, Any] = {}
+    threads = []
+    main_waits = threading.Event()
+
+    def direct() -> None:
+        try:
+            threads.append(calling(peer.connection, 0, results))
+            peer.wait_requests(1)
+            eventually(lambda: board._reading, "the first caller takes the read turn")
+            main_waits.set()
+            peer.wait_requests(2)  # the main thread's
+            threads.append(calling(peer.connection, 2, results))
+            peer.wait_requests(3)
+            settle()
+        finally:
+            main_waits.set()
+            interrupt_main_thread()
+
+    try:
+        with interrupted_by_sigusr1():
+            director = threading.Thread(target=direct, daemon=True)
+            director.start()
+            assert main_waits.wait(SCRIPT_TIMEOUT)
+            with pytest.raises(Interrupted):
+                peer.connection.call("echo", {"tag": 1})
+            director.join(SCRIPT_TIMEOUT)
+        peer.answer(0)
+        threads[0].join(SCRIPT_TIMEOUT)
+        assert answered(results, 0), results
+        eventually(lambda: board._reading, "the caller still waiting takes the turn on")
+        peer.answer(2)
+        threads[1].join(SCRIPT_TIMEOUT)
+        assert answered(results, 2), results
+        assert not board._reading and not board._waiting and not board._arrived
+    finally:
+        peer.close()
