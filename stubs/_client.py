@@ -22,8 +22,8 @@ try:
         return _mp.unpackb(data, raw=False, strict_map_key=False)
 
 except Exception:  # no msgpack in this interpreter: the staged pure-Python codec
-    from _hermes_msgpack import packb as _pack
-    from _hermes_msgpack import unpackb as _unpack
+    from _hermes_msgpack import packb as _pack  # type: ignore[no-redef]
+    from _hermes_msgpack import unpackb as _unpack  # type: ignore[no-redef]
 
 _HEADER = _struct.Struct(">I")
 
