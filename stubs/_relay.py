@@ -45,7 +45,7 @@ try:
         return _mp.unpackb(data, raw=False, strict_map_key=False)
 
 except Exception:
-    from _hermes_msgpack import packb as _pack, unpackb as _unpack
+    from _hermes_msgpack import packb as _pack, unpackb as _unpack  # type: ignore[no-redef]
 
 _HEADER = struct.Struct(">I")
 _U16 = struct.Struct(">H")
