@@ -58,6 +58,18 @@ def _fixed_place(text: str) -> Place:
     return lambda field: text
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A settings class's field types, resolved once (``get_type_hints`` costs more
+    than the rest of building its settings, and a run builds them more than once)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 def _optional(hint: Any) -> tuple[bool, Any]:
     """(whether ``hint`` allows None, the hint without None)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -164,7 +176,7 @@ class BackendSettings:
     refused: ClassVar[Mapping[str, str]] = {}
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = _type_hints(type(self))
         field: str | None = None
         try:
             for item in dataclasses.fields(self):  # type: ignore[arg-type]
@@ -286,7 +298,7 @@ class BackendSettings:
     def parse_options(cls, items: Sequence[str]) -> list[tuple[dict[str, Any], Place]]:
         """``-o KEY=VALUE`` items as layers, each value parsed by its field's type.
         Raises SettingError naming the item."""
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         layers: list[tuple[dict[str, Any], Place]] = []
         for item in items:
             key, eq, text = item.partition("=")
