@@ -9,7 +9,11 @@ the whole of what it started.
 """
 
 import os
-import signal
+
+try:  # the C module: signal's enums alone cost the supervisor a fifth of its start-up
+    import _signal as signal
+except ImportError:  # not CPython
+    import signal  # type: ignore[no-redef]
 import time
 
 

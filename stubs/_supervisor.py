@@ -19,13 +19,17 @@ script stops with SIGSTOP cannot keep its processes alive while the runner lives
 
 import os
 import select
-import signal
+
+try:  # the C module: signal's enums alone cost the supervisor a fifth of its start-up
+    import _signal as signal
+except ImportError:  # not CPython
+    import signal  # type: ignore[no-redef]
 import sys
 
 # Start-up is on every local run's path, so only what every run needs is imported:
 # no subprocess (a fork and an exec, below), no selectors (poll), shutil only to remove
-# a stage. os, signal, select and _proctree (ctypes, for prctl) are about half of what
-# they were.
+# a stage, _signal rather than signal (which imports enum). os, select, _signal and
+# _proctree (ctypes, for prctl) are about half of what they were.
 
 if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
     from _proctree import become_subreaper, close_inherited, die_with_parent, kill_tree, reap
