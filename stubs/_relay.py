@@ -58,6 +58,12 @@ _DRAIN_SECONDS = 2.0
 _CONN_OUTPUT_LIMIT = 32 * 1024 * 1024
 # Bytes waiting for the host past which the relay stops reading the script.
 _CHANNEL_PAUSE = 1024 * 1024
+# After it hands the script a reply, the relay looks for the script's next request
+# without sleeping for this long before it blocks in select again: on a VM whose idle
+# vCPU halts, the script's send wakes a blocked relay through an interrupt to that
+# halted vCPU, which cost 40-75 us a call over docker and ssh (docs/benchmarks.md,
+# "Relay wake (session 9)"). Bounded: an idle script costs at most this much CPU once.
+_SPIN_SECONDS = 150e-6
 _RELAY_ONLY_VARS = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
 
 
@@ -252,6 +258,7 @@ class Relay(object):
         self.killing = False
         self.chan_out = bytearray()  # frames for the host not yet written
         self.chan_waiting = False  # the channel is selected for writing
+        self.replied = False  # a reply went to the script in this pass of the loop
         self.paused = False  # too much waits for the host: the script is not read
         self.sigchld_r, self.sigchld_w = os.pipe()
         os.set_blocking(self.sigchld_w, False)
@@ -356,6 +363,7 @@ class Relay(object):
         """Reply bytes from the host for one of the script's connections."""
         conn = self.conns.get(conn_id)
         if conn is not None and data:
+            self.replied = True
             self.write_conn(conn_id, data)
 
     def handle(self, message):
@@ -623,8 +631,16 @@ class Relay(object):
         os.set_blocking(self.cout, False)
         self.sel.register(self.cin, selectors.EVENT_READ, ("channel", None))
         self.sel.register(self.sigchld_r, selectors.EVENT_READ, ("sigchld", None))
+        spin_until = 0.0  # until then, poll for the script's next request (_SPIN_SECONDS)
         while not self.done:
-            ready = self.sel.select(timeout=0.5)
+            if spin_until and time.monotonic() < spin_until:
+                ready = self.sel.select(timeout=0)
+                if not ready:
+                    continue  # a SIGCHLD is a ready key too: nothing is missed
+            else:
+                ready = self.sel.select(timeout=0.5)
+            spin_until = 0.0
+            self.replied = False
             # The script's exit is looked for after a SIGCHLD (its wakeup byte is among
             # the ready keys) and on every timeout, not on every call's pass.
             check_child = not ready
@@ -650,6 +666,8 @@ class Relay(object):
                     check_child = True
                 if self.done:
                     break
+            if self.replied:
+                spin_until = time.monotonic() + _SPIN_SECONDS
             if check_child and not self.done and self.child_exited():
                 self.finish()
         self.flush_channel_blocking()

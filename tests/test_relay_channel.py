@@ -6,7 +6,10 @@ stream takes it at once and queues the rest, in order, under the same caps."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
+import time
 import types
 from typing import Any
 
@@ -182,3 +185,63 @@ async def test_writer_caps_a_connection_whose_replies_back_up(accept: int | None
         conn += 1
         total += len(reply)
         assert total <= host_relay.CHANNEL_QUEUE_LIMIT + len(reply)
+
+
+def _read_message(stream: Any) -> dict[str, Any]:
+    header = stream.read(4)
+    assert len(header) == 4, "the relay closed its channel"
+    return msgpack.unpackb(stream.read(int.from_bytes(header, "big")), raw=False)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
+    """The relay polls for the script's next request for a moment after each reply
+    (_SPIN_SECONDS) and then sleeps in select: a script that makes many calls and then
+    stops leaves the relay idle, not spinning."""
+    socket_path = str(tmp_path / "rpc.sock")
+    script = (
+        "import socket, sys, time\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        "for _ in range(200):\n"
+        "    s.sendall(b'ping'); assert s.recv(16) == b'pong'\n"
+        "time.sleep(30)\n"
+    )
+    stubs = os.path.dirname(RELAY_SOURCE)
+    relay_process = subprocess.Popen(
+        [sys.executable, RELAY_SOURCE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": stubs},
+    )
+    assert relay_process.stdin is not None and relay_process.stdout is not None
+    try:
+        run = {"op": "run", "argv": [sys.executable, "-c", script, socket_path]}
+        run["socket"] = socket_path
+        body = msgpack.packb(run, use_bin_type=True)
+        relay_process.stdin.write(len(body).to_bytes(4, "big") + body)
+        relay_process.stdin.flush()
+        relay_pid, calls = None, 0
+        while calls < 200:
+            message = _read_message(relay_process.stdout)
+            if message["op"] == "started":
+                relay_pid = message["relay_pid"]
+            elif message["op"] == "rpc":
+                reply = relay.data_frame(relay.rpc_head(message["conn"]), b"pong")
+                relay_process.stdin.write(reply)
+                relay_process.stdin.flush()
+                calls += 1
+        assert relay_pid is not None
+        time.sleep(0.2)  # the last reply is the relay's last event
+        before = _cpu_seconds(relay_pid)
+        time.sleep(1.0)
+        assert _cpu_seconds(relay_pid) - before < 0.2  # spinning would be about 1 s
+    finally:
+        relay_process.stdin.close()  # the host is gone: the relay kills the script
+        relay_process.wait(timeout=10)
+        relay_process.stdout.close()
