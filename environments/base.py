@@ -213,7 +213,12 @@ class Runtime(abc.ABC):
         """What a launch in ``stage`` removes if this host process dies while it runs:
         the stage first, then every other private directory this runtime made and has
         not removed (a session's workspace), which that death orphans too."""
-        return [stage]
+        return [stage, *(made for made in self._private_dirs() if made != stage)]
+
+    def _private_dirs(self) -> Sequence[str]:
+        """The private directories this runtime made and has not removed, where it
+        keeps count of them (none here)."""
+        return ()
 
     @abc.abstractmethod
     async def spawn(

@@ -469,8 +469,8 @@ class ExecStreamEnvironment(Environment, Runtime):
         self._made.append(unhex(made))
         return unhex(made)
 
-    def orphaned_with(self, stage: str) -> list[str]:
-        return [stage, *(made for made in self._made if made != stage)]
+    def _private_dirs(self) -> Sequence[str]:
+        return self._made
 
     def _forget(self, path: str) -> None:
         """``path`` is removed: no longer this runtime's to orphan."""

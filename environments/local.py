@@ -394,8 +394,8 @@ class LocalEnvironment(Environment, Runtime):
         self._stages.append(made)
         return made
 
-    def orphaned_with(self, stage: str) -> list[str]:
-        return [stage, *(made for made in self._stages if made != stage)]
+    def _private_dirs(self) -> Sequence[str]:
+        return self._stages
 
     async def remove_tree(self, path: str) -> None:
         def remove() -> list[str]:

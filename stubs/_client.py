@@ -109,9 +109,7 @@ class _ReplyBoard(object):
             self._waiting.pop(key, None)
             self._arrived.pop(key, None)
             if not self._reading:
-                for other in self._waiting.values():
-                    other.wake()
-                    break
+                self._wake_one()
 
     def wait(self, key, waiter, read_until):
         """The reply for ``key``: delivered by the caller holding the read turn, or read
@@ -141,9 +139,13 @@ class _ReplyBoard(object):
             with lock:
                 self._waiting.pop(key, None)
                 self._reading = False
-                for other in self._waiting.values():  # one caller still waiting reads on
-                    other.wake()
-                    break
+                self._wake_one()  # one caller still waiting reads on
+
+    def _wake_one(self):
+        """Under the lock: wake one waiting caller to take the read turn."""
+        for other in self._waiting.values():
+            other.wake()
+            break
 
     def deliver(self, key, reply):
         """Hand ``reply`` (never None) to the call waiting for ``key``, waking it alone;

@@ -692,11 +692,10 @@ def _parse(args):
         name = args.pop(0)
         if name == "--remove-after":
             remove_after = True
-        elif name in ("--remove", "--also-remove") and args:
-            if name == "--remove":
-                stage = args.pop(0)
-            else:
-                also.append(args.pop(0))
+        elif name == "--remove" and args:
+            stage = args.pop(0)
+        elif name == "--also-remove" and args:
+            also.append(args.pop(0))
         else:
             raise SystemExit("_hermes_relay.py: bad option %s" % name)
     return stage, remove_after, also

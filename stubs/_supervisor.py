@@ -40,12 +40,12 @@ def _parse(args):
     remove = []  # --remove may be given more than once
     while args and args[0] != "--":
         name = args.pop(0).lstrip("-")
-        if (name not in options and name != "remove") or not args:
-            raise SystemExit("_supervisor.py: bad option --%s" % name)
-        if name == "remove":
+        if name == "remove" and args:
             remove.append(args.pop(0))
-        else:
+        elif name in options and args:
             options[name] = args.pop(0)
+        else:
+            raise SystemExit("_supervisor.py: bad option --%s" % name)
     if not args[1:]:
         raise SystemExit("_supervisor.py: nothing to run (ARGV after --)")
     return options, remove, args[1:]
