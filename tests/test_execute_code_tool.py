@@ -371,16 +371,17 @@ def test_bad_input_gets_advice(session_registry, args, message):
     assert message in result["error"]
 
 
-def test_runs_a_script_and_returns_the_result_json(session_registry):
+def test_runs_a_script_and_returns_the_result_json(session_registry, tmp_path):
     register_execute_code(
         session_registry,
         enabled_tools=["read_file", "write_file"],
         options=RunOptions(timeout=30, max_tool_calls=5),
     )
+    # A path the test removes: the file tools write on the host, where a directory the
+    # script made in its own /tmp (a tmpfs under bwrap) would be left behind.
     code = (
         "from hermes_tools import write_file, read_file\n"
-        "import os, tempfile\n"
-        "p = os.path.join(tempfile.mkdtemp(), 'x.txt')\n"
+        f"p = {str(tmp_path / 'x.txt')!r}\n"
         "write_file(p, 'abc')\n"
         "print(read_file(p)['content'])\n"
     )
