@@ -1,14 +1,22 @@
 """The local backend: run on this machine, as this user.
 
 Scripts start behind the run's isolation (environments/isolation.py): under bubblewrap
-where it works, with the host's network only when asked for. Every process this
-environment starts runs under the supervisor (stubs/_supervisor.py, composed by
-:func:`launch_argv`, outside bubblewrap): a child subreaper that ends everything the
-process started when it exits or when this host process dies (its lifeline pipe ends),
-and removes the run's stage in that case, with every private directory this
-environment made (a session's workspace). Killing is by /proc ancestry below the
-supervisor (:meth:`LocalEnvironment.kill_process_tree`), never by an environment
-variable or a session, which a script can leave.
+where it works, with the host's network only when asked for. What a launch starts ends
+with it, and with this host process:
+
+- behind bubblewrap (:func:`open_sandboxed`), by the sandbox's own pid namespace: when
+  the launched program exits, the kernel ends everything else in it, and bubblewrap's
+  ``--die-with-parent`` ends the sandbox when this process dies;
+- otherwise (no isolation, and the terminal tool's commands, which run on this
+  machine), under the supervisor (stubs/_supervisor.py, :func:`open_supervised`): a
+  child subreaper that ends everything the launch started when it exits or when this
+  host process dies (its lifeline pipe ends).
+
+Every private directory this environment makes (a run's stage, a session's workspace)
+is told to this process's keeper (environments/keeper.py), which removes it, and kills
+any sandbox still running in it, if this process dies before removing it. Killing is by
+/proc ancestry below the launch (:meth:`LocalEnvironment.kill_process_tree`), never by
+an environment variable or a session, which a script can leave.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from hermes_sandbox.environments.isolation import (
     describe_isolation,
     forget_bwrap_probe,
 )
+from hermes_sandbox.environments.keeper import keeper
 from hermes_sandbox.environments.settings import BackendSettings
 from hermes_sandbox.errors import SandboxError
 from hermes_sandbox.stubs import _proctree
@@ -57,28 +66,23 @@ from hermes_sandbox.threads import kill_limiter, tool_limiter
 log = logging.getLogger(__name__)
 
 _DRAIN_SECONDS = 1.0
-# How long a supervisor gets to end by itself after its tree was killed or its input
-# closed, before it is killed with its tree.
-_SUPERVISOR_EXIT_SECONDS = 2.0
+# How long a launch's own process (the supervisor, or bubblewrap) gets to end by itself
+# after its tree was killed or its input closed, before it is killed with its tree.
+_LAUNCH_EXIT_SECONDS = 2.0
 # Run by path: beside _proctree, which it imports (importlib.resources would bring
 # zipfile to every run for a path the package's files already give).
 SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
-def launch_argv(argv: Sequence[str], *, lifeline: int, remove: Sequence[str] = ()) -> list[str]:
-    """The command line of every local launch: ``argv`` under the supervisor.
+def launch_argv(argv: Sequence[str], *, lifeline: int) -> list[str]:
+    """The command line of a supervised local launch: ``argv`` under the supervisor.
 
-    ``lifeline`` is the read end of a pipe whose write end only this process holds;
-    ``remove`` the directories the supervisor removes if this process dies first. This is
-    the one place a launch is composed: a sandboxing prefix (bubblewrap) goes between
-    the supervisor's ``--`` and ``argv``.
+    ``lifeline`` is the read end of a pipe whose write end only this process holds.
     """
     # -S: no site (the stdlib is all it needs), so it starts without reading the .pth
     # files of the host's site-packages: a third of its start-up.
     supervisor = [sys.executable, "-E", "-S", SUPERVISOR_PATH]
     supervisor += ["--lifeline", str(lifeline), "--parent", str(os.getpid())]
-    for path in remove:
-        supervisor += ["--remove", path]
     return [*supervisor, "--", *argv]
 
 
@@ -148,7 +152,7 @@ class LocalEnvironment(Environment, Runtime):
         self._closed = False
         self.isolation: Isolation | None = None  # chosen by start()
         self._stages: list[str] = []  # what make_private_dir made: the runs' to write
-        self._live: set[_Supervised] = set()  # launches whose supervisor may still run
+        self._live: set[_Launch] = set()  # launches that may still run
 
     @classmethod
     def for_run(
@@ -194,12 +198,12 @@ class LocalEnvironment(Environment, Runtime):
             self.isolation = chosen
         return self.isolation
 
-    async def _contained(self, argv: Sequence[str], cwd: str | None) -> list[str]:
-        """``argv`` behind the run's isolation: the one place a script's launch is
-        contained (environments/isolation.py)."""
+    async def _contained(self, argv: Sequence[str], cwd: str | None) -> list[str] | None:
+        """``argv`` behind the run's isolation, None for none: the one place a script's
+        launch is contained (environments/isolation.py)."""
         isolation = await self._chosen_isolation()
         if isolation.mode == "none":
-            return list(argv)
+            return None
         prefix = await anyio.to_thread.run_sync(
             functools.partial(
                 isolation.prefix,
@@ -246,12 +250,19 @@ class LocalEnvironment(Environment, Runtime):
         stderr: Any,
         cwd: str | None,
         env: Mapping[str, str],
-        stage: str | None = None,
-    ) -> _Supervised:
-        remove = [] if stage is None else self.orphaned_with(stage)
-        handle = await open_supervised(
-            argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, remove=remove
-        )
+        contain: bool = True,
+    ) -> _Launch:
+        """Start ``argv``: behind the isolation in a sandbox of its own if ``contain``
+        and there is one, else under the supervisor."""
+        contained = await self._contained(argv, cwd) if contain else None
+        if contained is not None:
+            handle = await open_sandboxed(
+                contained, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env
+            )
+        else:
+            handle = await open_supervised(
+                argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env
+            )
         handle.track(self._live)
         return handle
 
@@ -268,13 +279,12 @@ class LocalEnvironment(Environment, Runtime):
         stdin = open(stdin_path, "rb") if stdin_path else None  # noqa: SIM115, ASYNC230
         try:
             handle = await self._open(
-                await self._contained(argv, cwd),
+                argv,
                 stdin=stdin if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=cwd,
                 env=dict(self._env if env is None else env),
-                stage=stage,
             )
         finally:
             if stdin is not None:
@@ -298,13 +308,12 @@ class LocalEnvironment(Environment, Runtime):
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
             handle = await self._open(
-                await self._contained(argv, cwd),
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 cwd=cwd,
                 env={**self._env, **(env or {})},
-                stage=stage,
             )
         except BaseException:
             stderr.close()
@@ -327,6 +336,7 @@ class LocalEnvironment(Environment, Runtime):
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
                 env=dict(self._env),
+                contain=False,  # a tool's command: this machine's, as the tool is
             )
         )
         output = HeadTailBuffer(max_output_bytes)
@@ -392,15 +402,16 @@ class LocalEnvironment(Environment, Runtime):
     async def make_private_dir(self, prefix: str, *, parent: str | None = None) -> str:
         made = tempfile.mkdtemp(prefix=prefix, dir=parent)  # mkdtemp makes it 0700
         self._stages.append(made)
+        keeper().keep(made)  # removed if this process dies first
         return made
-
-    def _private_dirs(self) -> Sequence[str]:
-        return self._stages
 
     async def remove_tree(self, path: str) -> None:
         def remove() -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
-            return [stage for stage in self._stages if os.path.isdir(stage)]
+            left = [stage for stage in self._stages if os.path.isdir(stage)]
+            for gone in set(self._stages).difference(left):
+                keeper().release(gone)
+            return left
 
         # The run's own cleanup, not a tool's: on the kill's threads, which tools never hold.
         self._stages = await anyio.to_thread.run_sync(remove, limiter=kill_limiter())
@@ -414,15 +425,14 @@ async def open_supervised(
     stderr: Any,
     cwd: str | None,
     env: Mapping[str, str],
-    remove: Sequence[str] = (),
-) -> _Supervised:
+) -> _Launch:
     """Start ``argv`` on this machine under the supervisor (:func:`launch_argv`): every
-    local launch goes through here; ``remove``: the directories to remove if this
-    process dies first. Raises OSError (a ``cwd`` that does not exist)."""
+    local launch outside a sandbox goes through here. Raises OSError (a ``cwd`` that
+    does not exist)."""
     lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
     try:
         process = await anyio.open_process(
-            launch_argv(argv, lifeline=lifeline, remove=remove),
+            launch_argv(argv, lifeline=lifeline),
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
@@ -436,35 +446,62 @@ async def open_supervised(
         raise
     finally:
         os.close(lifeline)
-    return _Supervised(process, keep)
+    return _Launch(process, keep)
 
 
-class _Supervised:
-    """A process started under the supervisor: the process, the write end of its
-    lifeline, and the kill of its tree."""
+async def open_sandboxed(
+    argv: Sequence[str],
+    *,
+    stdin: Any,
+    stdout: Any,
+    stderr: Any,
+    cwd: str | None,
+    env: Mapping[str, str],
+) -> _Launch:
+    """Start ``argv``, a command line behind bubblewrap (its own pid namespace, and
+    ``--die-with-parent``), with no supervisor: the sandbox ends what the script started
+    when the script exits, and ends with this process. Raises OSError (a ``cwd`` that
+    does not exist)."""
+    process = await anyio.open_process(
+        argv,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
+    )
+    return _Launch(process, None)
 
-    def __init__(self, process: anyio.abc.Process, lifeline: int) -> None:
+
+class _Launch:
+    """A process this environment started, under the supervisor or behind bubblewrap:
+    the process, the write end of the supervisor's lifeline (None for a sandbox), and
+    the kill of its tree."""
+
+    def __init__(self, process: anyio.abc.Process, lifeline: int | None) -> None:
         self.process = process
         self.pid = process.pid
-        self._lifeline: int | None = lifeline
-        self._live: set[_Supervised] = set()
+        self._lifeline = lifeline
+        self._live: set[_Launch] = set()
 
-    def track(self, live: set[_Supervised]) -> None:
+    def track(self, live: set[_Launch]) -> None:
         """Be in ``live`` (an environment's launches to kill at its close) while running."""
         self._live = live
         live.add(self)
 
     async def kill(self, grace: float) -> None:
-        """Kill everything below the supervisor (SIGTERM, ``grace``, SIGKILL); then it
-        exits by itself, or is killed too (a script may have stopped it)."""
+        """Kill everything below the launched process, the supervisor or bubblewrap
+        (SIGTERM, ``grace``, SIGKILL); then it exits by itself, or is killed too (a
+        script may have stopped the supervisor)."""
         process = self.process
         if process.returncode is None:
-            # Below the supervisor first, so that the script's own exit status is kept.
+            # Below it first, so that the script's own exit status is kept.
             await anyio.to_thread.run_sync(
                 lambda: kill_tree_blocking(self.pid, grace, include_root=False),
                 limiter=kill_limiter(),
             )
-        with anyio.move_on_after(_SUPERVISOR_EXIT_SECONDS):
+        with anyio.move_on_after(_LAUNCH_EXIT_SECONDS):
             await process.wait()
         if process.returncode is None:
             await anyio.to_thread.run_sync(
@@ -476,7 +513,7 @@ class _Supervised:
         self.release()
 
     def release(self) -> None:
-        """Close the lifeline (once the supervisor is gone, nothing is left to end)."""
+        """Close the lifeline (once the launched process is gone, nothing is left to end)."""
         if self.process.returncode is not None:
             self._live.discard(self)
             if self._lifeline is not None:
@@ -536,7 +573,7 @@ class _WatchedStream(anyio.abc.ByteReceiveStream):
 
 
 class LocalProcess(SandboxProcess):
-    def __init__(self, handle: _Supervised, bwrap: _BwrapWatch | None = None) -> None:
+    def __init__(self, handle: _Launch, bwrap: _BwrapWatch | None = None) -> None:
         self._handle = handle
         self._process = handle.process
         assert self._process.stdout is not None
@@ -573,9 +610,7 @@ class LocalExecStream(ExecStream):
 
     _STDERR_TAIL = 8192
 
-    def __init__(
-        self, handle: _Supervised, stderr: BinaryIO, bwrap: _BwrapWatch | None = None
-    ) -> None:
+    def __init__(self, handle: _Launch, stderr: BinaryIO, bwrap: _BwrapWatch | None = None) -> None:
         process = handle.process
         assert process.stdin is not None and process.stdout is not None
         self._bwrap = bwrap
@@ -624,7 +659,7 @@ class LocalExecStream(ExecStream):
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             await self._stdin.aclose()  # the process's end of input: it should exit
-            with anyio.move_on_after(_SUPERVISOR_EXIT_SECONDS):
+            with anyio.move_on_after(_LAUNCH_EXIT_SECONDS):
                 await self._process.wait()
             await self._handle.kill(0)
             await self._process.aclose()

@@ -1,7 +1,8 @@
-"""The supervisor: every local launch runs under it, and what it launched dies with it.
+"""The supervisor: a local launch outside a sandbox runs under it, and what it launched
+dies with it. (A launch behind bubblewrap needs none: its pid namespace does this.)
 
 Stdlib only, Python 3.6+, Linux; run by the host's Python as ``python -E -S
-_supervisor.py --lifeline FD --parent PID [--remove DIR]... -- ARGV...``. It
+_supervisor.py --lifeline FD --parent PID -- ARGV...``. It
 
 - is a child subreaper, so whatever ARGV starts (daemons that double-fork, leave the
   session or clear their environment) stays below it;
@@ -9,8 +10,8 @@ _supervisor.py --lifeline FD --parent PID [--remove DIR]... -- ARGV...``. It
 - ends everything below it (found by /proc ancestry, stopped processes included) when
   ARGV exits, when the runner is gone (end of input on the lifeline pipe FD, whose other
   end only the runner holds; a parent-death signal; or a parent pid that is no longer
-  PID), or on SIGTERM; then, if the runner is gone, removes each DIR (the run's stage,
-  and the other private directories its environment made: a session's workspace);
+  PID), or on SIGTERM (the directories the runner made are its keeper's to remove:
+  environments/keeper.py);
 - exits with ARGV's status (killed by a signal: by the same signal).
 
 The host kills the tree itself too (environments/local.py), so a supervisor that the
@@ -26,10 +27,10 @@ except ImportError:  # not CPython
     import signal  # type: ignore[no-redef]
 import sys
 
-# Start-up is on every local run's path, so only what every run needs is imported:
-# no subprocess (a fork and an exec, below), no selectors (poll), shutil only to remove
-# a stage, _signal rather than signal (which imports enum). os, select, _signal and
-# _proctree (ctypes, for prctl) are about half of what they were.
+# Start-up is on the path of every launch it supervises, so only what each needs is
+# imported: no subprocess (a fork and an exec, below), no selectors (poll), _signal
+# rather than signal (which imports enum). os, select, _signal and _proctree (ctypes,
+# for prctl) are about half of what they were.
 
 if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
     from _proctree import become_subreaper, close_inherited, die_with_parent, kill_tree, reap
@@ -37,36 +38,30 @@ if "kill_tree" not in globals():  # run as a file: _proctree.py sits beside it
 
 def _parse(args):
     options = {"lifeline": None, "parent": None}
-    remove = []  # --remove may be given more than once
     while args and args[0] != "--":
         name = args.pop(0).lstrip("-")
-        if name == "remove" and args:
-            remove.append(args.pop(0))
-        elif name in options and args:
+        if name in options and args:
             options[name] = args.pop(0)
         else:
             raise SystemExit("_supervisor.py: bad option --%s" % name)
     if not args[1:]:
         raise SystemExit("_supervisor.py: nothing to run (ARGV after --)")
-    return options, remove, args[1:]
+    return options, args[1:]
 
 
 class Supervisor(object):
-    def __init__(self, argv, lifeline, parent, remove):
+    def __init__(self, argv, lifeline, parent):
         self.argv = argv
         self.lifeline = lifeline
         self.parent = parent
-        self.remove = remove
         self.child = None  # the pid of ARGV
         self.status = None
-        self.runner_gone = False
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
 
     def on_signal(self, number, _frame):
         if number in (signal.SIGHUP, signal.SIGTERM):
-            self.runner_gone = self.runner_gone or number == signal.SIGHUP
             self.stop_requested = True
 
     def reap(self):
@@ -86,8 +81,7 @@ class Supervisor(object):
         become_subreaper()
         die_with_parent(signal.SIGHUP)
         if self.parent is not None and os.getppid() != self.parent:
-            self.runner_gone = True  # it died before the parent-death signal was set
-            return self.finish()
+            return self.finish()  # it died before the parent-death signal was set
         problem = self.start()
         if problem is not None:
             os.write(2, ("cannot run %s: %s\n" % (self.argv[0], problem)).encode())
@@ -111,11 +105,9 @@ class Supervisor(object):
                 except OSError:
                     data = b""
                 if fd == self.lifeline and not data:
-                    self.runner_gone = True
                     self.stop_requested = True
                     poller.unregister(fd)  # at its end: it would poll ready forever
             if self.parent is not None and os.getppid() != self.parent:
-                self.runner_gone = True
                 self.stop_requested = True
             self.reap()
         return self.finish()
@@ -147,16 +139,10 @@ class Supervisor(object):
         return None
 
     def finish(self):
-        """Kill everything below; remove the directories if the runner is gone;
-        return the child's exit status as a wait status (None: it did not exit by
-        itself)."""
+        """Kill everything below; return the child's exit status as a wait status
+        (None: it did not exit by itself)."""
         kill_tree(os.getpid(), 0, reap_children=True)
         self.reap()
-        if self.runner_gone and self.remove:
-            import shutil  # only here: it costs a third of the supervisor's imports
-
-            for path in self.remove:
-                shutil.rmtree(path, ignore_errors=True)
         return self.status
 
 
@@ -206,12 +192,12 @@ def _exit_like(status):
 
 
 def main(args):
-    options, remove, argv = _parse(list(args))
+    options, argv = _parse(list(args))
     lifeline = None if options["lifeline"] is None else int(options["lifeline"])
     parent = None if options["parent"] is None else int(options["parent"])
     if lifeline is not None:
         os.set_blocking(lifeline, False)
-    _exit_like(Supervisor(argv, lifeline, parent, remove).run())
+    _exit_like(Supervisor(argv, lifeline, parent).run())
 
 
 if __name__ == "__main__":

@@ -256,7 +256,7 @@ def test_an_interpreter_in_a_hidden_home_still_runs(work: Path, home_dir: Path) 
 
 
 @pytest.mark.usefixtures("bwrap")
-def test_killing_the_runner_takes_the_sandbox_with_it(work: Path) -> None:
+def test_killing_the_runner_takes_the_sandbox_and_its_stage_with_it(work: Path) -> None:
     script = work.parent / "sleeper.py"
     script.write_text(
         "import subprocess, sys, time\n"
@@ -265,7 +265,7 @@ def test_killing_the_runner_takes_the_sandbox_with_it(work: Path) -> None:
         "open('started', 'w').close()\n"
         "time.sleep(300)\n"
     )
-    temp = work.parent / "tmp"  # the stage, which this test's run leaves (not bwrap's part)
+    temp = work.parent / "tmp"  # where the run's stage is made
     temp.mkdir()
     runner = subprocess.Popen(
         [*CLI, "run", str(script), "--cwd", str(work), *BWRAP],
@@ -288,6 +288,9 @@ def test_killing_the_runner_takes_the_sandbox_with_it(work: Path) -> None:
         while marked_processes() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not marked_processes(), "the sandbox outlived its SIGKILLed runner"
+        while list(temp.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(temp.iterdir()) == [], "the stage outlived its SIGKILLed runner (its keeper)"
     finally:
         if runner.poll() is None:
             runner.kill()

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hermes_sandbox.environments.keeper import KEEPER_PATH
 from tests.conftest import engine_problem, is_gone, require
 
 CLI = [sys.executable, "-m", "hermes_sandbox"]
@@ -47,6 +48,19 @@ def descendants(pid: int) -> set[int]:
         return {child.pid for child in psutil.Process(pid).children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
+
+
+def interpreters(pid: int) -> set[int]:
+    """What runs below the daemon but its keeper (environments/keeper.py), which stays
+    as long as the daemon does."""
+    found = set()
+    for child in descendants(pid):
+        try:
+            if KEEPER_PATH not in psutil.Process(child).cmdline():
+                found.add(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def wait_gone(pids: set[int], timeout: float = GONE_WITHIN) -> set[int]:
@@ -138,7 +152,7 @@ def test_state_survives_runs_is_listed_and_removed(sessions: Sessions) -> None:
     assert (row["name"], row["backend"], row["alive"], row["runs"]) == ("s1", "local", True, 3)
     assert "s1" in sessions("sessions").stdout
 
-    held = descendants(sessions.pid)
+    held = interpreters(sessions.pid)
     assert held, "the session's interpreter runs under the daemon"
     done = sessions("sessions", "rm", "s1")
     assert (done.returncode, done.stdout) == (0, "removed s1\n"), done.stderr
@@ -153,7 +167,7 @@ def test_rm_all_removes_every_session(sessions: Sessions) -> None:
     for name in ("a", "b"):
         assert sessions("run", "--session", name, script).returncode == 0
     assert sorted(row["name"] for row in sessions.listed()) == ["a", "b"]
-    held = descendants(sessions.pid)
+    held = interpreters(sessions.pid)
     done = sessions("sessions", "rm", "--all")
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.split()) == ["a", "b", "removed", "removed"]

@@ -152,9 +152,10 @@ def test_public_names_resolve_lazily() -> None:
         _ = environments.NoSuchSettings
 
 
-# What the supervisor, started for every local launch, leaves to the launch: it forks
-# and execs itself, polls its pipes, imports shutil only to remove a stage, and sets
-# signals with _signal (signal's enums, through enum, were a fifth of its start-up).
+# What the supervisor, started for every local launch outside a sandbox, leaves to the
+# launch: it forks and execs itself, polls its pipes, removes nothing (the keeper does),
+# and sets signals with _signal (signal's enums, through enum, were a fifth of its
+# start-up).
 SUPERVISOR_NOT_IMPORTED = ("subprocess", "selectors", "shutil", "threading", "signal", "enum")
 
 

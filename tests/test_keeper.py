@@ -1,0 +1,198 @@
+"""The keeper (environments/keeper.py, stubs/_keeper.py): what the local backend made is
+removed, and a sandbox still running in it killed, when the host process dies.
+
+Each test runs a host of its own (a Python child that uses the keeper as the local
+backend does), SIGKILLs it, and looks: which directories are left, which processes run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import is_gone
+
+from hermes_sandbox.environments.keeper import keeper
+
+GONE_WITHIN = 10.0  # seconds; the keeper acts at once, this is room for a loaded machine
+
+HOST = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from hermes_sandbox.environments.keeper import keeper
+    kept, released, sandboxed = sys.argv[1], sys.argv[2], sys.argv[3:]
+    for path in kept.split(":") + released.split(":"):
+        keeper().keep(path)
+    for path in released.split(":"):
+        keeper().release(path)
+    pids = []
+    for path in sandboxed:
+        # No --die-with-parent: a sandbox whose host died before bubblewrap set it.
+        sandbox = subprocess.Popen(
+            ["bwrap", "--unshare-pid", "--ro-bind", "/", "/", "--dev", "/dev",
+             "--proc", "/proc", "--bind", path, path, "--", "sleep", "600"],
+            start_new_session=True,
+        )
+        pids.append(sandbox.pid)
+    print(keeper().pid, *pids, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def start_host(
+    kept: list[Path], released: list[Path], sandboxed: list[Path]
+) -> tuple[subprocess.Popen[str], list[int]]:
+    host = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOST,
+            ":".join(map(str, kept)),
+            ":".join(map(str, released)),
+            *map(str, sandboxed),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert host.stdout is not None
+    return host, [int(word) for word in host.stdout.readline().split()]
+
+
+def made(tmp_path: Path, *names: str) -> list[Path]:
+    paths = []
+    for name in names:
+        path = tmp_path.resolve() / name  # as bubblewrap's command line names it
+        (path / "inside").mkdir(parents=True)
+        (path / "inside" / "file").write_text("x")
+        paths.append(path)
+    return paths
+
+
+def wait_until(condition: object, timeout: float = GONE_WITHIN) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.05)
+    return bool(condition())  # type: ignore[operator]
+
+
+def kill(host: subprocess.Popen[str]) -> None:
+    host.send_signal(signal.SIGKILL)
+    host.wait(10)
+    assert host.stdout is not None
+    host.stdout.close()
+
+
+def test_a_killed_host_leaves_no_kept_directory_and_no_keeper(tmp_path: Path) -> None:
+    kept = made(tmp_path, "stage", "workspace")
+    (released,) = made(tmp_path, "released")
+    host, (keeper_pid,) = start_host(kept, [released], [])
+    assert all(path.is_dir() for path in kept)
+    kill(host)
+    assert wait_until(lambda: not any(path.exists() for path in kept)), "left behind"
+    assert wait_until(lambda: is_gone(keeper_pid)), "the keeper outlived its host"
+    assert released.is_dir(), "a released directory is not the keeper's to remove"
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_sandbox_whose_host_died_before_die_with_parent_is_killed(tmp_path: Path) -> None:
+    """bubblewrap's --die-with-parent comes too late for a host that dies between its
+    fork and bubblewrap's prctl: the keeper finds such a sandbox by the kept directory
+    on its command line and kills it with everything in it."""
+    (stage,) = made(tmp_path, "stage")
+    host, (_, sandbox) = start_host([stage], [], [stage])
+    assert wait_until(
+        lambda: any(p.name() == "sleep" for p in psutil.Process(sandbox).children(True))
+    )
+    inside = [p.pid for p in psutil.Process(sandbox).children(recursive=True)]
+    kill(host)
+    assert wait_until(lambda: all(is_gone(pid) for pid in [sandbox, *inside])), (
+        "the sandbox outlived its host"
+    )
+    assert wait_until(lambda: not stage.exists())
+
+
+def test_a_keeper_that_died_is_started_again_and_told_everything(tmp_path: Path) -> None:
+    program = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        from hermes_sandbox.environments.keeper import keeper
+        first, second = sys.argv[1:]
+        keeper().keep(first)
+        dead = keeper().pid
+        os.kill(dead, signal.SIGKILL)
+        while os.waitpid(dead, os.WNOHANG) == (0, 0):
+            time.sleep(0.01)
+        keeper().keep(second)  # the write fails: a new keeper, told of both
+        print(dead, keeper().pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    first, second = made(tmp_path, "first", "second")
+    host = subprocess.Popen(
+        [sys.executable, "-c", program, str(first), str(second)], stdout=subprocess.PIPE, text=True
+    )
+    assert host.stdout is not None
+    dead, again = (int(word) for word in host.stdout.readline().split())
+    assert dead != again
+    kill(host)
+    assert wait_until(lambda: not first.exists() and not second.exists()), "left behind"
+    assert wait_until(lambda: is_gone(again))
+
+
+def test_a_forked_child_does_not_keep_the_keeper_waiting(tmp_path: Path) -> None:
+    """A child the host forks (multiprocessing's fork, say) outlives it: the keeper must
+    still see the host's end, so the child holds no copy of the keeper's pipe."""
+    program = textwrap.dedent(
+        """
+        import os, sys, time
+        from hermes_sandbox.environments.keeper import keeper
+        keeper().keep(sys.argv[1])
+        child = os.fork()
+        if child == 0:
+            time.sleep(600)
+            os._exit(0)
+        print(child, flush=True)
+        time.sleep(600)
+        """
+    )
+    (stage,) = made(tmp_path, "stage")
+    host = subprocess.Popen(
+        [sys.executable, "-c", program, str(stage)], stdout=subprocess.PIPE, text=True
+    )
+    assert host.stdout is not None
+    child = int(host.stdout.readline())
+    try:
+        kill(host)
+        assert wait_until(lambda: not stage.exists()), "the forked child kept the keeper waiting"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_the_keeper_carries_nothing_of_the_host(tmp_path: Path) -> None:
+    """An empty environment (a secret in the host's is not in the keeper's), its own
+    session, the root as its directory, and no descriptor but its input pipe."""
+    (stage,) = made(tmp_path, "stage")
+    keeper().keep(str(stage))
+    try:
+        process = psutil.Process(keeper().pid)
+        assert process.environ() == {}
+        assert os.getsid(process.pid) == process.pid
+        assert process.cwd() == "/"
+
+        def fds() -> list[int]:  # once started: its start-up opens and closes files
+            return sorted(int(name) for name in os.listdir(f"/proc/{process.pid}/fd"))
+
+        assert wait_until(lambda: fds() == [0, 1, 2]), fds()
+        assert os.readlink(f"/proc/{process.pid}/fd/1") == "/dev/null"
+    finally:
+        keeper().release(str(stage))
+    assert stage.is_dir()
