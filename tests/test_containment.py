@@ -3,8 +3,9 @@
 The script re-executes itself with a token in its command line, starts a daemon
 (fork, setsid, fork again, then exec with an empty environment: no marker, no session
 of ours) and a child it stops with SIGSTOP. Every process with the token counts. On
-local, ssh (sshd on this machine) and docker (the engine's containers run on this
-machine) they are all visible in this machine's /proc, found by that token only.
+local (under the supervisor, and behind bubblewrap with none), ssh (sshd on this
+machine) and docker (the engine's containers run on this machine) they are all visible
+in this machine's /proc, found by that token only.
 
 (a) the run's timeout ends them all; (b) so does a SIGKILL of the runner mid-run, and
 the run's stage (and a non-persistent container with its shared directory) goes too.
@@ -28,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RUN_ID, TEST_LABEL, engine_problem, require, ssh_server_from_environment
+from conftest import (
+    RUN_ID,
+    TEST_LABEL,
+    bwrap_problem,
+    engine_problem,
+    require,
+    ssh_server_from_environment,
+)
 
 CLI = str(Path(sys.executable).with_name("hermes-sandbox"))
 GONE_DEADLINE = 15.0
@@ -114,6 +122,9 @@ def options_for(target: str, token: str) -> list[str]:
     backend, _, transport = target.partition("-")
     if backend == "local":
         return ["--backend", "local", "--transport", transport]
+    if backend == "bwrap":  # local behind bubblewrap: no supervisor, its pid namespace
+        require(bwrap_problem(), "containment tests behind bubblewrap need one that works")
+        return ["--backend", "local", "--isolation", "bwrap", "--transport", transport]
     if backend == "docker":
         return docker_options(token, "--transport", transport)
     if backend == "persistent":
@@ -176,6 +187,9 @@ TIMEOUT_TARGETS = [
     "local-unix",
     "local-files",
     "local-relay",
+    "bwrap-unix",
+    "bwrap-files",
+    "bwrap-relay",
     "docker-unix",
     "docker-relay",
     "persistent",
@@ -208,7 +222,17 @@ def local_stages() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "hermes-sandbox-[0-9a-z_]*")))
 
 
-KILL_TARGETS = ["local-unix", "local-files", "local-relay", "docker-unix", "docker-relay", "ssh"]
+KILL_TARGETS = [
+    "local-unix",
+    "local-files",
+    "local-relay",
+    "bwrap-unix",
+    "bwrap-files",
+    "bwrap-relay",
+    "docker-unix",
+    "docker-relay",
+    "ssh",
+]
 
 
 @pytest.mark.timeout(180)
