@@ -25,12 +25,22 @@ buffer over the bound) is dropped, so the host's kill always gets through.
 """
 
 import os
-import selectors
-import signal
-import socket
+import select
 import struct
 import sys
 import time
+
+# The C modules, not their Python layers: signal's and socket's import enum, and
+# selectors imports collections, together about 5 ms of every relay's start (every
+# relayed run's path on docker and ssh).
+try:
+    import _signal as signal
+except ImportError:  # not CPython
+    import signal  # type: ignore[no-redef]
+try:
+    import _socket as socket
+except ImportError:  # not CPython
+    import socket  # type: ignore[no-redef]
 
 if "kill_tree" not in globals():  # run alone: the host prepends _proctree.py's source
     from _proctree import become_subreaper, close_inherited, kill_tree, reap
@@ -46,6 +56,80 @@ try:
 
 except Exception:
     from _hermes_msgpack import packb as _pack, unpackb as _unpack  # type: ignore[no-redef]
+
+EVENT_READ, EVENT_WRITE = 1, 2  # as selectors names them
+
+
+class _Key(object):
+    __slots__ = ("data", "events", "fd", "fileobj")
+
+
+class _Selector(object):
+    """What the relay uses of selectors.PollSelector (register, modify, unregister,
+    select, with the same ready events: a hang-up or error is ready for either), on
+    select.poll, without importing selectors."""
+
+    def __init__(self):
+        self._poll = select.poll()
+        self._keys = {}
+
+    @staticmethod
+    def _mask(events):
+        return (select.POLLIN if events & EVENT_READ else 0) | (
+            select.POLLOUT if events & EVENT_WRITE else 0
+        )
+
+    def register(self, fileobj, events, data=None):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        if fd in self._keys:
+            raise KeyError("%r is already registered" % (fileobj,))
+        key = _Key()
+        key.fileobj, key.fd, key.events, key.data = fileobj, fd, events, data
+        self._poll.register(fd, self._mask(events))
+        self._keys[fd] = key
+        return key
+
+    def unregister(self, fileobj):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = self._keys.pop(fd)
+        self._poll.unregister(fd)
+        return key
+
+    def modify(self, fileobj, events, data=None):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = self._keys[fd]
+        key.events, key.data = events, data
+        self._poll.modify(fd, self._mask(events))
+        return key
+
+    def select(self, timeout=None):
+        # poll takes milliseconds, rounded up as selectors does (never a busy 0 for 0.4 ms)
+        wait = None if timeout is None else max(0, -int(-timeout * 1000 // 1))
+        try:
+            fired = self._poll.poll(wait)
+        except InterruptedError:
+            return []
+        ready = []
+        for fd, mask in fired:
+            key = self._keys.get(fd)
+            if key is None:
+                continue
+            events = (EVENT_WRITE if mask & ~select.POLLIN else 0) | (
+                EVENT_READ if mask & ~select.POLLOUT else 0
+            )
+            if events & key.events:
+                ready.append((key, events & key.events))
+        return ready
+
+
+def _accepted(listener):
+    """A connection from ``listener``, a socket (_socket's, or socket's where there is
+    no C module)."""
+    if hasattr(listener, "_accept"):
+        fd, _ = listener._accept()
+        return socket.socket(fileno=fd)
+    return listener.accept()[0]
+
 
 _HEADER = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -246,7 +330,7 @@ class Relay(object):
         self.also_remove = list(also)  # removed with the stage when the host is gone
         self.cin = channel_in
         self.cout = channel_out
-        self.sel = selectors.DefaultSelector()
+        self.sel = _Selector()
         self.inbuf = bytearray()
         self.child = None
         self.listener = None
@@ -299,7 +383,7 @@ class Relay(object):
         if pending != self.chan_waiting:
             self.chan_waiting = pending
             if pending:
-                self.sel.register(self.cout, selectors.EVENT_WRITE, ("channel_out", None))
+                self.sel.register(self.cout, EVENT_WRITE, ("channel_out", None))
             else:
                 self.sel.unregister(self.cout)
         paused = len(self.chan_out) > _CHANNEL_PAUSE
@@ -311,7 +395,7 @@ class Relay(object):
                 if paused:
                     self.sel.unregister(fd)
                 else:
-                    self.sel.register(fd, selectors.EVENT_READ, ("out", self.pipes[fd][0]))
+                    self.sel.register(fd, EVENT_READ, ("out", self.pipes[fd][0]))
 
     def flush_channel_blocking(self):
         """Write everything still queued, waiting as long as it takes (at the end)."""
@@ -407,7 +491,7 @@ class Relay(object):
                 os.chmod(self.socket_path, 0o600)
                 self.listener.listen(64)
                 self.listener.setblocking(False)
-                self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+                self.sel.register(self.listener, EVENT_READ, ("accept", None))
             self.child = _Child(message["argv"], env, message.get("cwd") or None, stdin)
         except Exception as exc:
             if stdin is not None:
@@ -421,7 +505,7 @@ class Relay(object):
             os.set_blocking(pipe.fileno(), False)
             self.pipes[pipe.fileno()] = (fd_number, pipe)
             if not self.paused:
-                self.sel.register(pipe.fileno(), selectors.EVENT_READ, ("out", fd_number))
+                self.sel.register(pipe.fileno(), EVENT_READ, ("out", fd_number))
         self.send({"op": "started", "pid": self.child.pid, "relay_pid": os.getpid()})
 
     def read_output(self, fd):
@@ -476,14 +560,14 @@ class Relay(object):
     # -- RPC connections ---------------------------------------------------------------
     def accept(self):
         try:
-            sock, _ = self.listener.accept()
+            sock = _accepted(self.listener)
         except (BlockingIOError, InterruptedError):
             return
         self.next_conn += 1
         conn_id = self.next_conn
         sock.setblocking(False)
         conn = self.conns[conn_id] = _Conn(sock, conn_id)
-        conn.events = selectors.EVENT_READ
+        conn.events = EVENT_READ
         self.sel.register(sock, conn.events, ("conn", conn_id))
         self.send({"op": "open", "conn": conn_id})
 
@@ -491,9 +575,9 @@ class Relay(object):
         """Select on what the connection waits for: input until its end, and output
         while some is queued."""
         conn = self.conns[conn_id]
-        events = 0 if conn.input_ended or self.paused else selectors.EVENT_READ
+        events = 0 if conn.input_ended or self.paused else EVENT_READ
         if conn.out:
-            events |= selectors.EVENT_WRITE
+            events |= EVENT_WRITE
         if events == conn.events:
             return
         conn.events = events
@@ -507,9 +591,9 @@ class Relay(object):
                 self.sel.register(conn.sock, events, ("conn", conn_id))
 
     def conn_ready(self, conn_id, events):
-        if events & selectors.EVENT_WRITE:
+        if events & EVENT_WRITE:
             self.write_conn(conn_id)
-        if events & selectors.EVENT_READ and conn_id in self.conns:
+        if events & EVENT_READ and conn_id in self.conns:
             self.read_conn(conn_id)
 
     def read_conn(self, conn_id):
@@ -629,8 +713,8 @@ class Relay(object):
         signal.set_wakeup_fd(self.sigchld_w)
         os.set_blocking(self.cin, False)
         os.set_blocking(self.cout, False)
-        self.sel.register(self.cin, selectors.EVENT_READ, ("channel", None))
-        self.sel.register(self.sigchld_r, selectors.EVENT_READ, ("sigchld", None))
+        self.sel.register(self.cin, EVENT_READ, ("channel", None))
+        self.sel.register(self.sigchld_r, EVENT_READ, ("sigchld", None))
         spin_until = 0.0  # until then, poll for the script's next request (_SPIN_SECONDS)
         while not self.done:
             if spin_until and time.monotonic() < spin_until:

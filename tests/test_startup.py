@@ -24,6 +24,7 @@ import hermes_sandbox.environments as environments
 import hermes_sandbox.environments.exec_stream as exec_stream
 from hermes_sandbox.environments.local import launch_argv
 from hermes_sandbox.redaction import clean_for_model
+from hermes_sandbox.stubs.generate import program_source, relay_source
 from hermes_sandbox.tools import load_builtin_tools, registry
 from hermes_sandbox.tools.approval import DANGEROUS_PATTERNS
 from hermes_sandbox.tools.arguments import ToolArguments, schemas_checked_elsewhere
@@ -186,6 +187,29 @@ def test_the_supervisor_starts_without_subprocess_selectors_shutil_or_enum(
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time")}
     assert "_proctree" in imported  # the parse saw the supervisor's imports
     assert [m for m in SUPERVISOR_NOT_IMPORTED if m in imported] == []
+
+
+# What the stream relay, started for every relayed run (docker, ssh; local with
+# --transport relay), leaves out: the Python layers of signal and socket (enum), and
+# selectors (collections), about 5 ms of each start; it uses their C modules and polls.
+RELAY_NOT_IMPORTED = ("selectors", "signal", "socket", "enum", "collections", "subprocess")
+
+
+def test_the_relay_starts_without_selectors_socket_signal_or_enum(tmp_path: Path) -> None:
+    (tmp_path / "_hermes_relay.py").write_text(relay_source())
+    (tmp_path / "_hermes_msgpack.py").write_text(program_source("_msgpack.py"))
+    done = subprocess.run(  # no site, as a sandbox's Python without msgpack; input ends at once
+        [sys.executable, "-S", "-X", "importtime", str(tmp_path / "_hermes_relay.py")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time")}
+    assert {"_socket", "_signal", "select", "ctypes"} <= imported  # the parse saw its imports
+    assert [m for m in RELAY_NOT_IMPORTED if m in imported] == []
 
 
 FDS_REPORT = (
