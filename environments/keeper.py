@@ -102,7 +102,13 @@ class Keeper:
             except OSError:
                 pass
         self._pipe = None
+        if self._process is not None:
+            _INHERITED.append(self._process)  # the parent's to wait for: never collected here
         self._process = None
+
+
+# Keepers a forked child inherited from its parent (a Popen collected unwaited warns).
+_INHERITED: list[subprocess.Popen[bytes]] = []
 
 
 def _line(message: list[str]) -> bytes:

@@ -196,3 +196,38 @@ def test_the_keeper_carries_nothing_of_the_host(tmp_path: Path) -> None:
     finally:
         keeper().release(str(stage))
     assert stage.is_dir()
+
+
+def test_a_forked_child_keeps_its_own_directories_without_warnings(tmp_path: Path) -> None:
+    """A forked child that makes a directory of its own starts a keeper of its own, and
+    its parent's keeper, inherited unwaited, is never collected there (a ResourceWarning
+    under -W error)."""
+    program = textwrap.dedent(
+        """
+        import gc, os, sys
+        from hermes_sandbox.environments.keeper import keeper
+        parent_dir, child_dir = sys.argv[1:]
+        keeper().keep(parent_dir)
+        parents = keeper().pid
+        child = os.fork()
+        if child == 0:
+            keeper().keep(child_dir)
+            gc.collect()
+            print("child", keeper().pid != parents, flush=True)
+            os._exit(0)
+        os.waitpid(child, 0)
+        print("parent", keeper().pid == parents, flush=True)
+        """
+    )
+    parent_dir, child_dir = made(tmp_path, "parent", "child")
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", program, str(parent_dir), str(child_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split("\n")[:2]) == ["child True", "parent True"]
+    assert "Warning" not in done.stderr, done.stderr
+    # Each host gone, each keeper removed what it kept.
+    assert wait_until(lambda: not parent_dir.exists() and not child_dir.exists())
