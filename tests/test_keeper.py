@@ -231,3 +231,26 @@ def test_a_forked_child_keeps_its_own_directories_without_warnings(tmp_path: Pat
     assert "Warning" not in done.stderr, done.stderr
     # Each host gone, each keeper removed what it kept.
     assert wait_until(lambda: not parent_dir.exists() and not child_dir.exists())
+
+
+def test_a_local_stage_that_cannot_be_written_is_removed_and_released(tmp_path: Path) -> None:
+    """LocalEnvironment.make_stage makes the directory and writes its files in one
+    step: a file that cannot be written leaves no directory, and none kept."""
+    import anyio
+
+    tmp_path = tmp_path.resolve()
+    from hermes_sandbox.environments.local import LocalEnvironment
+
+    async def attempt() -> None:
+        environment = LocalEnvironment()
+        with pytest.raises(TypeError):
+            await environment.make_stage("stage-", {"ok": b"1", "bad": None}, parent=str(tmp_path))  # type: ignore[dict-item]
+        made = await environment.make_stage("stage-", {"ok": b"1"}, parent=str(tmp_path))
+        assert (Path(made) / "ok").read_bytes() == b"1"
+        assert made in keeper()._kept  # tmp_path is resolved: made is its own real path
+        await environment.remove_tree(made)
+        assert made not in keeper()._kept
+
+    anyio.run(attempt)
+    assert list(tmp_path.iterdir()) == []
+    assert not [path for path in keeper()._kept if path.startswith(str(tmp_path.resolve()))]
