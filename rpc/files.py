@@ -293,9 +293,11 @@ class FileChannel(LeaderFollowers):
             try:
                 if os.fstat(fd).st_nlink != 1:
                     raise OSError(errno.EMLINK, "the request file has other links now")
-                os.ftruncate(fd, 0)
+                # Written over from the start, then cut to its length: never truncated to
+                # 0 first, which on ext4 has the close start writing the file to disk.
                 os.lseek(fd, 0, os.SEEK_SET)
                 _write_all(fd, frame)
+                os.ftruncate(fd, len(frame))
             finally:
                 os.close(fd)
             os.rename(temporary, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)

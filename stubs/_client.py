@@ -470,14 +470,17 @@ class _FileConnection(object):
             except IndexError:
                 break
             try:
-                fd = _os.open(spare, _os.O_WRONLY | _os.O_TRUNC | _O_CLOEXEC)
+                fd = _os.open(spare, _os.O_WRONLY | _O_CLOEXEC)
             except OSError:  # the host's own file (not writable here), or gone
                 _unlink(spare)
                 continue
+            # Written over, then cut to its length: not O_TRUNC, a truncation to 0, which
+            # on ext4 has the close start writing the file out to disk.
             try:
                 view = memoryview(data)
                 while view:
                     view = view[_os.write(fd, view) :]
+                _os.ftruncate(fd, len(data))
             finally:
                 _os.close(fd)
             return spare
