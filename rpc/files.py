@@ -19,10 +19,11 @@ inotify events (Linux), else polls with a short back-off. What a hostile script 
 and cannot do to the host through this directory is in docs/security.md, "Transports".
 
 The directory is served by blocking threads, leader/followers (rpc/threaded.py), like a
-Unix socket connection: the leader waits on inotify (or polls), reads and removes the
-request files, has each parsed and authenticated once (:meth:`RPCServer.take`), and for
-a sync tool hands the watching to a follower before it runs the tool on its own thread
-and writes the reply file. No event-loop pass and no thread hop per call; an async tool
+Unix socket connection: the leader waits on inotify (or polls), reads the request
+files (keeping each open, renamed, to carry its reply: no new file per call; or removing
+it), has each parsed and authenticated once (:meth:`RPCServer.take`), and for a sync
+tool hands the watching to a follower before it runs the tool on its own thread and
+writes the reply file. No event-loop pass and no thread hop per call; an async tool
 goes to the run's event loop.
 """
 
