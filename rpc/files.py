@@ -19,10 +19,11 @@ inotify events (Linux), else polls with a short back-off. What a hostile script 
 and cannot do to the host through this directory is in docs/security.md, "Transports".
 
 The directory is served by blocking threads, leader/followers (rpc/threaded.py), like a
-Unix socket connection: the leader waits on inotify (or polls), reads and removes the
-request files, has each parsed and authenticated once (:meth:`RPCServer.take`), and for
-a sync tool hands the watching to a follower before it runs the tool on its own thread
-and writes the reply file. No event-loop pass and no thread hop per call; an async tool
+Unix socket connection: the leader waits on inotify (or polls), reads the request
+files (keeping each open, renamed, to carry its reply: no new file per call; or removing
+it), has each parsed and authenticated once (:meth:`RPCServer.take`), and for a sync
+tool hands the watching to a follower before it runs the tool on its own thread and
+writes the reply file. No event-loop pass and no thread hop per call; an async tool
 goes to the run's event loop.
 """
 
@@ -73,6 +74,14 @@ SERVING_THREAD = "hermes-rpc-files"  # the name of every serving thread
 # How long the end of a run waits for the serving threads to stop reading and end (they
 # wake at once; this only bounds a surprise).
 _EXIT_SECONDS = 2.0
+# Request files kept open, each to carry its own call's reply, so that a call makes no
+# new inode on the host's side: at most this many per directory at once (one
+# descriptor each); past it a request file is removed after reading, as before.
+# On an ext4 without a journal, creating a file scans past every inode freed in the
+# last minute or more, so a new file per reply slowed calls down as they went on
+# (docs/benchmarks.md, "Many runs over files: the benchmark's rounds against single
+# rounds").
+RECYCLED_FILES = 16
 
 _IN_MOVED_TO = 0x00000080
 _IN_Q_OVERFLOW = 0x00004000
@@ -171,6 +180,9 @@ class FileChannel(LeaderFollowers):
         self._seen: set[str] = set()
         self._in_flight: set[str] = set()  # keys whose tool still runs
         self._replies: OrderedDict[str, bytes] = OrderedDict()
+        # key -> (an open descriptor of its request file, the temporary name it was
+        # renamed to): where its reply is written (_write_reply).
+        self._recycled: dict[str, tuple[int, str]] = {}
         self.requests_served = 0
         # Entries refused and not removable (a non-empty directory): never looked at
         # again. The leader's alone.
@@ -193,7 +205,14 @@ class FileChannel(LeaderFollowers):
             raise
 
     def close(self) -> None:
-        """Close the directory, the watcher and the wake pipe (once no thread uses them)."""
+        """Close the directory, the watcher and the wake pipe (once no thread uses them);
+        remove the request files kept for replies never sent."""
+        with self._keys:
+            kept, self._recycled = list(self._recycled.values()), {}
+        for fd, temporary in kept:
+            os.close(fd)
+            if self._fd >= 0:
+                self._remove(temporary)
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
@@ -244,6 +263,10 @@ class FileChannel(LeaderFollowers):
         return removed
 
     def _write_reply(self, key: str, frame: bytes) -> None:
+        with self._keys:
+            recycled = self._recycled.pop(key, None)
+        if recycled is not None and self._write_recycled(key, frame, *recycled):
+            return
         # A fresh temporary name, created exclusively: nothing the script planted there
         # (a FIFO, a symlink) is opened.
         temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
@@ -255,9 +278,7 @@ class FileChannel(LeaderFollowers):
                 dir_fd=self._fd,
             )
             try:
-                view = memoryview(frame)
-                while view:
-                    view = view[os.write(fd, view) :]
+                _write_all(fd, frame)
             finally:
                 os.close(fd)
             os.rename(temporary, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)
@@ -265,19 +286,35 @@ class FileChannel(LeaderFollowers):
             log.warning("could not write the reply to %s: %s", key, exc)
             self._remove(temporary)
 
+    def _write_recycled(self, key: str, frame: bytes, fd: int, temporary: str) -> bool:
+        """Write the reply into its request's own file, kept open since it was read
+        (still a regular file with no other link), and rename it into place; False to
+        write a fresh file instead."""
+        try:
+            try:
+                if os.fstat(fd).st_nlink != 1:
+                    raise OSError(errno.EMLINK, "the request file has other links now")
+                # Written over from the start, then cut to its length: never truncated to
+                # 0 first, which on ext4 has the close start writing the file to disk.
+                os.lseek(fd, 0, os.SEEK_SET)
+                _write_all(fd, frame)
+                os.ftruncate(fd, len(frame))
+            finally:
+                os.close(fd)
+            os.rename(temporary, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+            return True
+        except OSError:
+            self._remove(temporary)
+            return False
+
     def _read_request(self, name: str) -> bytes:
         """Read and remove a request file; raise :class:`_Refusal` for anything but a
-        regular file with one link and at most one frame's size (never echoing it)."""
+        regular file with one link and at most one frame's size (never echoing it).
+        While there is room, the file is kept open, renamed to a temporary name, to
+        carry the reply (:meth:`_keep_for_reply`), rather than removed."""
         limit = HEADER_SIZE + self._server.max_frame_size
-        try:
-            fd = os.open(
-                name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd
-            )
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            what = "a symlink" if exc.errno == errno.ELOOP else f"not readable ({exc.strerror})"
-            raise _Refusal(messages.BAD_FRAME, f"request file is {what}; refused") from None
+        fd, writable = self._open_request(name)
+        kept = False
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -305,10 +342,49 @@ class FileChannel(LeaderFollowers):
                 size += len(chunk)
             if size > limit:
                 raise _Refusal(messages.FRAME_TOO_LARGE, "request file grew while read")
+            kept = writable and self._keep_for_reply(name, fd)
             return b"".join(chunks)
         finally:
-            os.close(fd)
-            self._remove(name)
+            if not kept:
+                os.close(fd)
+                self._remove(name)
+
+    def _open_request(self, name: str) -> tuple[int, bool]:
+        """Open a request file for reading, and writing where the host may (to carry
+        the reply); (descriptor, whether writable). Raises :class:`_Refusal` when it
+        cannot be read, FileNotFoundError when it is gone."""
+        flags = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(name, os.O_RDWR | flags, dir_fd=self._fd), True
+        except FileNotFoundError:
+            raise
+        except OSError:  # read-only to the host, a symlink, a directory: looked at below
+            pass
+        try:
+            return os.open(name, os.O_RDONLY | flags, dir_fd=self._fd), False
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            what = "a symlink" if exc.errno == errno.ELOOP else f"not readable ({exc.strerror})"
+            raise _Refusal(messages.BAD_FRAME, f"request file is {what}; refused") from None
+
+    def _keep_for_reply(self, name: str, fd: int) -> bool:
+        """Rename the request file ``name``, open as ``fd``, to a temporary name and
+        keep it for its reply, if there is room and its key has none kept already (a
+        retry's): True if kept (the reply's writer closes ``fd``)."""
+        key = name[: -len(REQUEST_SUFFIX)]
+        temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
+        with self._keys:
+            if key in self._recycled or len(self._recycled) >= RECYCLED_FILES:
+                return False
+            self._recycled[key] = (fd, temporary)  # no reply to it can come before
+        try:
+            os.rename(name, temporary, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except OSError:
+            with self._keys:
+                del self._recycled[key]
+            return False
+        return True
 
     def _take(self, name: str) -> tuple[str, bytes | dict[str, Any]] | None:
         """What to do with one entry: (key, request bytes or refusal), or None to skip."""
@@ -464,6 +540,12 @@ class FileChannel(LeaderFollowers):
 
     def _release(self) -> None:
         self.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _may_be_request(name: str) -> bool:

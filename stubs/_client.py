@@ -327,6 +327,13 @@ def _write_file(path, data):
         _os.close(fd)
 
 
+def _unlink(path):
+    try:
+        _os.unlink(path)
+    except OSError:
+        pass
+
+
 def _read_file(path):
     fd = _os.open(path, _os.O_RDONLY | _O_CLOEXEC)
     try:
@@ -405,6 +412,10 @@ class _FileConnection(object):
 
     _SAFETY_LOOK = 0.05  # with inotify: look anyway this often (an unreported rename)
     _POLL_MIN, _POLL_MAX = 0.0001, 0.005
+    # Reply files read and kept, renamed, to be written again as requests: a call makes
+    # no new inode where the host writes each reply into its request's file (creating
+    # a file on an ext4 without a journal scans past every inode freed lately).
+    _SPARES = 16
 
     def __init__(self, directory, token):
         self._directory = directory
@@ -412,6 +423,8 @@ class _FileConnection(object):
         self._max_frame = _max_frame()
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
+        self._spares = []  # the names of read replies to write again (append/pop: atomic)
+        self._spare_ids = _itertools.count(1)
         # Keyed by reply file name; a reply is the file's bytes, or the OSError reading it.
         self._board = _ReplyBoard()
         try:
@@ -427,10 +440,9 @@ class _FileConnection(object):
         if refused is not None:
             return refused
         reply_name = key + ".rep"
-        temporary = _os.path.join(self._directory, "." + key + ".req.tmp")
         waiter = self._board.register(reply_name)
         try:
-            _write_file(temporary, _HEADER.pack(len(body)) + body)
+            temporary = self._write_request(key, _HEADER.pack(len(body)) + body)
             _os.rename(temporary, _os.path.join(self._directory, key + ".req"))
         except OSError as exc:
             self._board.forget(reply_name)
@@ -449,6 +461,45 @@ class _FileConnection(object):
         if not isinstance(reply, dict):
             raise ToolCallError("the host's reply is not a map")
         return reply
+
+    def _write_request(self, key, data):
+        """Write ``data`` into a spare file if there is one, else a new one; its path."""
+        while True:
+            try:
+                spare = _os.path.join(self._directory, self._spares.pop())
+            except IndexError:
+                break
+            try:
+                fd = _os.open(spare, _os.O_WRONLY | _O_CLOEXEC)
+            except OSError:  # the host's own file (not writable here), or gone
+                _unlink(spare)
+                continue
+            # Written over, then cut to its length: not O_TRUNC, a truncation to 0, which
+            # on ext4 has the close start writing the file out to disk.
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[_os.write(fd, view) :]
+                _os.ftruncate(fd, len(data))
+            finally:
+                _os.close(fd)
+            return spare
+        temporary = _os.path.join(self._directory, "." + key + ".req.tmp")
+        _write_file(temporary, data)
+        return temporary
+
+    def _spare(self, path):
+        """Keep the read reply file at ``path`` to be written again, or remove it."""
+        if len(self._spares) < self._SPARES:
+            name = ".%d-%s-s%d" % (_os.getpid(), self._nonce, next(self._spare_ids))
+            try:
+                _os.rename(path, _os.path.join(self._directory, name))
+            except OSError:
+                pass
+            else:
+                self._spares.append(name)
+                return
+        _unlink(path)
 
     def _look_until(self, reply_name):
         """The reply for ``reply_name``, looked for by the caller holding the read turn,
@@ -495,10 +546,9 @@ class _FileConnection(object):
                 continue
             except OSError as exc:
                 data = exc
-            try:
-                _os.unlink(path)
-            except OSError:
-                pass
+                _unlink(path)
+            else:
+                self._spare(path)
             if name == reply_name:
                 mine = data
             else:

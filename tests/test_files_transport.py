@@ -121,6 +121,33 @@ async def test_a_call_and_its_reply(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_the_reply_is_written_into_its_request_file(tmp_path: Path) -> None:
+    """No new file per reply: the host writes it into the request's own file (held
+    open here, so the same inode is the same file, not a freed one given out again)."""
+    handler = CountingHandler()
+    async with serving(tmp_path, handler):
+
+        def go() -> tuple[int, int, dict[str, Any]]:
+            temporary = tmp_path / ".r-1.tmp"
+            temporary.write_bytes(request(x=1))
+            fd = os.open(temporary, os.O_RDONLY)
+            try:
+                os.rename(temporary, tmp_path / "r-1.req")
+                inode = os.fstat(fd).st_ino
+                deadline = time.monotonic() + REPLY_TIMEOUT
+                while not (tmp_path / "r-1.rep").exists() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                return inode, (tmp_path / "r-1.rep").stat().st_ino, wait_reply(tmp_path, "r-1")
+            finally:
+                os.close(fd)
+
+        request_inode, reply_inode, reply = await anyio.to_thread.run_sync(go)
+    assert reply == {"id": 1, "result": json.dumps({"echo": {"x": 1}})}
+    assert reply_inode == request_inode
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.anyio
 async def test_stale_files_are_removed_first_and_never_run(tmp_path: Path) -> None:
     put(tmp_path, "old-1", request(tool="stale"))
     (tmp_path / "old-2.rep").write_bytes(b"an earlier run's reply")

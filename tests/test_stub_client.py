@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -740,7 +741,49 @@ async def test_files_threads_and_a_forked_child_each_get_their_own_answer(
     assert out["child"] == {"text": "child"}
     assert host.gate.calls_made == 51
     assert out["watching"] is (mode == "inotify")
-    assert sorted(os.listdir(calls)) == []  # every reply collected, nothing left
+    # Every reply collected: nothing left but the replies kept to be written again.
+    assert [name for name in os.listdir(calls) if not SPARE_NAME.match(name)] == []
+
+
+SPARE_NAME = re.compile(r"^\.\d+-[0-9a-f]{12}-s\d+$")  # a reply kept to be written again
+
+REUSE_SCRIPT = """
+    import json, os
+    import hermes_tools
+
+    held, inodes = [], []
+    rename = os.rename
+
+    def recording_rename(src, dst):
+        if dst.endswith(".req"):  # a request sent: hold its file open, note its inode
+            fd = os.open(src, os.O_RDONLY)
+            held.append(fd)
+            inodes.append(os.fstat(fd).st_ino)
+        rename(src, dst)
+
+    os.rename = recording_rename
+    answers = [hermes_tools.echo("r%d" % k) for k in range(10)]
+    print(json.dumps({"answers": answers, "inodes": inodes}))
+"""
+
+
+@pytest.mark.anyio
+async def test_files_calls_write_their_requests_into_the_replies_files(tmp_path: Path) -> None:
+    """One caller's calls in turn make no new file after the first: the host writes
+    each reply into its request's file and the client writes its next request into
+    the reply's. The script holds every request file open, so an inode seen twice is
+    the same file, not a freed one the kernel gave out again."""
+    host = Host()
+    directory = stage(tmp_path / "stage")
+    calls = tmp_path / "calls"
+    calls.mkdir(mode=0o700)
+    server = RPCServer(host.gate, token=TOKEN)
+    async with files_transport.serve_files(server, str(calls)):
+        env = script_env(None, HERMES_RPC_DIR=str(calls))
+        out = (await run_python(directory, REUSE_SCRIPT, env)).result()
+    assert out["answers"] == [{"text": f"r{k}"} for k in range(10)]
+    assert len(out["inodes"]) == 10
+    assert len(set(out["inodes"])) == 1, out["inodes"]
 
 
 # -- how the socket client reads replies ----------------------------------------------
