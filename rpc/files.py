@@ -313,7 +313,15 @@ class FileChannel(LeaderFollowers):
         While there is room, the file is kept open, renamed to a temporary name, to
         carry the reply (:meth:`_keep_for_reply`), rather than removed."""
         limit = HEADER_SIZE + self._server.max_frame_size
-        fd, writable = self._open_request(name)
+        try:
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd
+            )
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            what = "a symlink" if exc.errno == errno.ELOOP else f"not readable ({exc.strerror})"
+            raise _Refusal(messages.BAD_FRAME, f"request file is {what}; refused") from None
         kept = False
         try:
             info = os.fstat(fd)
@@ -342,48 +350,43 @@ class FileChannel(LeaderFollowers):
                 size += len(chunk)
             if size > limit:
                 raise _Refusal(messages.FRAME_TOO_LARGE, "request file grew while read")
-            kept = writable and self._keep_for_reply(name, fd)
+            kept = self._keep_for_reply(name, fd)
             return b"".join(chunks)
         finally:
             if not kept:
                 os.close(fd)
                 self._remove(name)
 
-    def _open_request(self, name: str) -> tuple[int, bool]:
-        """Open a request file for reading, and writing where the host may (to carry
-        the reply); (descriptor, whether writable). Raises :class:`_Refusal` when it
-        cannot be read, FileNotFoundError when it is gone."""
-        flags = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            return os.open(name, os.O_RDWR | flags, dir_fd=self._fd), True
-        except FileNotFoundError:
-            raise
-        except OSError:  # read-only to the host, a symlink, a directory: looked at below
-            pass
-        try:
-            return os.open(name, os.O_RDONLY | flags, dir_fd=self._fd), False
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            what = "a symlink" if exc.errno == errno.ELOOP else f"not readable ({exc.strerror})"
-            raise _Refusal(messages.BAD_FRAME, f"request file is {what}; refused") from None
-
     def _keep_for_reply(self, name: str, fd: int) -> bool:
-        """Rename the request file ``name``, open as ``fd``, to a temporary name and
-        keep it for its reply, if there is room and its key has none kept already (a
-        retry's): True if kept (the reply's writer closes ``fd``)."""
+        """Keep the request file ``name``, read through ``fd`` and found a regular file
+        with one link, to carry its reply, if there is room and its key has none kept
+        already (a retry's): reopened for writing through ``fd`` itself (so only that
+        inode, never whatever the name holds by now) and renamed to a temporary name.
+        True if kept; ``fd`` is closed then, else left to the caller."""
         key = name[: -len(REQUEST_SUFFIX)]
         temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
         with self._keys:
             if key in self._recycled or len(self._recycled) >= RECYCLED_FILES:
                 return False
-            self._recycled[key] = (fd, temporary)  # no reply to it can come before
+        try:
+            # Not the name: only a file already known to be regular is opened to write
+            # (a FIFO or a device the script planted is never opened for writing).
+            writer = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:  # not the host's to write (another owner), or no /proc
+            return False
+        with self._keys:
+            if key in self._recycled or len(self._recycled) >= RECYCLED_FILES:
+                os.close(writer)
+                return False
+            self._recycled[key] = (writer, temporary)  # no reply to it can come before
         try:
             os.rename(name, temporary, src_dir_fd=self._fd, dst_dir_fd=self._fd)
         except OSError:
             with self._keys:
                 del self._recycled[key]
+            os.close(writer)
             return False
+        os.close(fd)
         return True
 
     def _take(self, name: str) -> tuple[str, bytes | dict[str, Any]] | None:

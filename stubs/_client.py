@@ -335,13 +335,15 @@ def _unlink(path):
 
 
 def _read_file(path):
+    """The file's bytes, and whether it has no other name (its link count is 1)."""
     fd = _os.open(path, _os.O_RDONLY | _O_CLOEXEC)
     try:
+        single = _os.fstat(fd).st_nlink == 1
         chunks = []
         while True:
             chunk = _os.read(fd, 1 << 20)
             if not chunk:
-                return b"".join(chunks)
+                return b"".join(chunks), single
             chunks.append(chunk)
     finally:
         _os.close(fd)
@@ -541,14 +543,20 @@ class _FileConnection(object):
         for name in self._board.waited_among(names):
             path = _os.path.join(self._directory, name)
             try:
-                data = _read_file(path)
+                data, single = _read_file(path)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 data = exc
                 _unlink(path)
             else:
-                self._spare(path)
+                # A reply with another name still (a host that lands it by link, then
+                # drops its own name) is not written again: the host refuses a request
+                # file with other links.
+                if single:
+                    self._spare(path)
+                else:
+                    _unlink(path)
             if name == reply_name:
                 mine = data
             else:

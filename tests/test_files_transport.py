@@ -251,6 +251,42 @@ async def test_files_with_other_names_are_removed(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_planted_fifo_request_is_never_opened_for_writing(tmp_path: Path) -> None:
+    """The host may write a reply into its request's file, but only once that file is
+    known to be a regular one: a FIFO planted as a request is opened to be read (and
+    refused), never for writing. A script's blocking open of the FIFO for reading
+    returns only when some process opens it for writing: here, only the test does."""
+    handler = CountingHandler()
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    fifo = tmp_path / "fifo"  # its first name, outside the directory the host serves
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def reader() -> None:
+        fd = os.open(fifo, os.O_RDONLY)  # until a writer opens it
+        opened.set()
+        os.close(fd)
+
+    watcher = threading.Thread(target=reader, daemon=True)
+    watcher.start()
+    try:
+        async with serving(calls, handler):
+            os.link(fifo, calls / "f-1.req")  # the same FIFO, planted as a request
+            reply = await anyio.to_thread.run_sync(wait_reply, calls, "f-1")
+            assert reply["error"]["kind"] == messages.BAD_FRAME
+            assert not opened.wait(0.2), "the host opened a planted FIFO for writing"
+    finally:
+        while watcher.is_alive():  # free the reader
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # it has not opened yet
+                pass
+            watcher.join(0.05)
+    assert handler.calls == []
+
+
+@pytest.mark.anyio
 async def test_a_symlinked_request_is_not_followed(tmp_path: Path) -> None:
     secret = tmp_path.parent / f"{tmp_path.name}-secret"
     secret.write_bytes(request(tool="from-a-link"))
