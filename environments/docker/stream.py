@@ -236,9 +236,12 @@ class NonBlockingSocketStream(anyio.abc.ByteStream):
     async def aclose(self) -> None:
         if self._closed:
             return
+        on_end = self._on_end
         self.stop_reading()
         self._closed = True
         anyio.notify_closing(self._sock)  # wakes a task waiting on it
+        if on_end is not None:
+            on_end(None)  # as receive's ClosedResourceError ends a reader
         self._sock.close()
 
 

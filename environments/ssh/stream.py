@@ -269,8 +269,11 @@ class SSHExecStream(ExecStream):
         self._closed = True
         with anyio.CancelScope(shield=True):
             self._drain_stderr()
+            on_end = self._on_end
             self.stop_reading()
             anyio.notify_closing(self._wakeup.fd)
+            if on_end is not None:
+                on_end(None)  # as receive's ClosedResourceError ends a reader
             self._wakeup.close()
             try:
                 await anyio.to_thread.run_sync(self._channel.close)
