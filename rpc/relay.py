@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -28,7 +28,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hermes_sandbox.errors import RelayError
 from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError
-from hermes_sandbox.rpc.framing import encode_frame, iter_messages
+from hermes_sandbox.rpc.framing import FrameDecoder, encode_frame, iter_messages
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RequestReader, RPCServer
 
@@ -47,6 +47,24 @@ KILL_DEADLINE = 3.0
 # Frames from the relay are small: script output comes in 64 KiB pieces and RPC bytes
 # in 256 KiB pieces (docs/protocol.md, 7.2).
 CHANNEL_FRAME_LIMIT = 1024 * 1024
+# Messages from the relay read in the loop's callback and not yet acted on (script
+# output waiting for its sink) before the channel is paused.
+_HELD_MESSAGES = 64
+
+
+class _LoopReadChannel(Protocol):
+    """A channel that can be read from the event loop's reader callback (docker's exec
+    stream: ``DockerExecStream.read_in_loop``)."""
+
+    def read_in_loop(
+        self, on_data: Callable[[bytes], None], on_end: Callable[[Exception | None], None]
+    ) -> bool: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def stop_reading(self) -> None: ...
 
 
 class _ChannelWriter:
@@ -385,46 +403,120 @@ class RelaySession:
     async def _demultiplex(self) -> None:
         assert self._tasks is not None
         try:
-            async for message in iter_messages(self._channel, self._max_frame_size):
-                op = message.get("op")
-                if op == "out":
-                    sink = self._sinks.get(message.get("fd", 1))
-                    if sink is not None:
-                        try:
-                            await sink.send(message.get("data") or b"")
-                        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                            pass
-                elif op == "rpc":
-                    connection = self._connections.get(message.get("conn", -1))
-                    if connection is not None:
-                        connection.feed(message.get("data") or b"")
-                        if connection.closed:
-                            self._connections.pop(connection.conn_id, None)
-                elif op == "open":
-                    await self._open(int(message["conn"]))
-                elif op == "eof":
-                    connection = self._connections.get(message.get("conn", -1))
-                    if connection is not None:
-                        connection.end_of_input()
-                        if connection.closed:
-                            self._connections.pop(connection.conn_id, None)
-                elif op == "close":
-                    connection = self._connections.pop(message.get("conn", -1), None)
-                    if connection is not None:
-                        connection.forget()
-                elif op == "started":
-                    self.pid = int(message.get("pid", 0)) or None
-                    self.relay_pid = int(message.get("relay_pid", 0)) or None
-                    self._started.set()
-                elif op == "exit":
-                    self.stage_removed = message.get("removed") is True
-                    self._mark_exit(int(message.get("code", 1)))
-                elif op == "error":
-                    self.error = str(message.get("message"))
+            if not await self._serve_in_loop():
+                async for message in iter_messages(self._channel, self._max_frame_size):
+                    if message.get("op") == "rpc":
+                        self._feed_rpc(message)
+                    else:
+                        await self._dispatch(message)
         except (FrameError, ConnectionClosed) as exc:
             self._mark_lost(f"the relay channel broke: {exc}")
         finally:
             self._mark_lost("the relay went away before the script's exit")
+
+    async def _serve_in_loop(self) -> bool:
+        """Read the channel from the event loop's reader callback, where the channel
+        offers it (``read_in_loop``: docker's exec socket on asyncio): a script's
+        request is then answered, when it can be at once, in the callback that read
+        it, with no task woken. Every other message, and what follows one, is queued
+        in order for this task; past :data:`_HELD_MESSAGES` the channel is paused until
+        the queue drains (the output's backpressure). False if the channel cannot."""
+        if not hasattr(self._channel, "read_in_loop"):
+            return False
+        channel = cast(_LoopReadChannel, self._channel)
+        decoder = FrameDecoder(self._max_frame_size)
+        held: deque[dict[str, Any]] = deque()
+        ended: list[BaseException | None] = []
+        wake = [anyio.Event()]
+        paused = False
+
+        def on_data(data: bytes) -> None:
+            nonlocal paused
+            if ended:
+                return
+            try:
+                for message in decoder.feed(data):
+                    if not held and message.get("op") == "rpc":
+                        self._feed_rpc(message)
+                    else:
+                        held.append(message)
+            except BaseException as exc:  # raised in this task, not lost in the loop
+                ended.append(exc)
+                channel.stop_reading()
+                wake[0].set()
+                return
+            if held:
+                if len(held) >= _HELD_MESSAGES and not paused:
+                    paused = True
+                    channel.pause_reading()
+                wake[0].set()
+
+        def on_end(exc: Exception | None) -> None:
+            ended.append(None)
+            wake[0].set()
+
+        if not channel.read_in_loop(on_data, on_end):
+            return False
+        try:
+            while True:
+                while held:
+                    message = held.popleft()
+                    if message.get("op") == "rpc":
+                        self._feed_rpc(message)
+                    else:
+                        await self._dispatch(message)
+                if ended:
+                    if ended[0] is not None:
+                        raise ended[0]
+                    if decoder.inside_frame:
+                        raise ConnectionClosed("stream ended inside a frame")
+                    return True
+                if paused:
+                    paused = False
+                    channel.resume_reading()
+                wake[0] = anyio.Event()
+                await wake[0].wait()
+        finally:
+            channel.stop_reading()
+
+    def _feed_rpc(self, message: dict[str, Any]) -> None:
+        connection = self._connections.get(message.get("conn", -1))
+        if connection is not None:
+            connection.feed(message.get("data") or b"")
+            if connection.closed:
+                self._connections.pop(connection.conn_id, None)
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        """Act on one message from the relay other than ``rpc``."""
+        op = message.get("op")
+        if op == "out":
+            sink = self._sinks.get(message.get("fd", 1))
+            if sink is not None:
+                try:
+                    await sink.send(message.get("data") or b"")
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass
+        elif op == "open":
+            await self._open(int(message["conn"]))
+        elif op == "eof":
+            connection = self._connections.get(message.get("conn", -1))
+            if connection is not None:
+                connection.end_of_input()
+                if connection.closed:
+                    self._connections.pop(connection.conn_id, None)
+        elif op == "close":
+            connection = self._connections.pop(message.get("conn", -1), None)
+            if connection is not None:
+                connection.forget()
+        elif op == "started":
+            self.pid = int(message.get("pid", 0)) or None
+            self.relay_pid = int(message.get("relay_pid", 0)) or None
+            self._started.set()
+        elif op == "exit":
+            self.stage_removed = message.get("removed") is True
+            self._mark_exit(int(message.get("code", 1)))
+        elif op == "error":
+            self.error = str(message.get("message"))
 
     def _mark_lost(self, error: str) -> None:
         if self._exited.is_set():

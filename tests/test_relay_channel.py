@@ -245,3 +245,83 @@ def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
         relay_process.stdin.close()  # the host is gone: the relay kills the script
         relay_process.wait(timeout=10)
         relay_process.stdout.close()
+
+
+# -- the host reading the channel from the loop's reader callback -----------------------------
+
+
+class _Answers:
+    """A handler answering at once, noting whether it ran inside a task."""
+
+    def __init__(self) -> None:
+        self.in_task: list[bool] = []
+
+    def answer_now(self, request: Any) -> str:
+        import asyncio
+
+        self.in_task.append(asyncio.current_task() is not None)
+        return str(request.args["n"])
+
+    async def __call__(self, request: Any) -> str:
+        raise AssertionError("answered at once")
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    return host_relay.encode_frame(message)
+
+
+@pytest.mark.anyio
+async def test_host_answers_a_relayed_call_in_the_loops_reader_callback() -> None:
+    """Over a socket read from the loop (docker's exec socket), a request that can be
+    answered at once is answered in the reader callback, with no task woken; output
+    beyond what the host holds pauses the channel, and everything keeps its order."""
+    import socket
+    import threading
+
+    from hermes_sandbox.environments.docker.stream import NonBlockingSocketStream
+    from hermes_sandbox.rpc.server import RPCServer
+
+    token = "t" * 43
+    answers = _Answers()
+    server = RPCServer(answers, token=token)
+    host, peer = socket.socketpair()
+    outputs = 3 * host_relay._HELD_MESSAGES
+    replies: list[dict[str, Any]] = []
+
+    def relay_side() -> None:
+        decoder = FrameDecoder()
+        peer.sendall(_frame({"op": "started", "pid": 42, "relay_pid": 41}))
+        peer.sendall(_frame({"op": "open", "conn": 1}))
+        wire = b"".join(_frame({"op": "out", "fd": 1, "data": b"%d\n" % i}) for i in range(outputs))
+        for n in range(5):  # calls after a burst of output, then one at a time
+            request = {"id": n, "tool": "echo", "args": {"n": n}, "token": token}
+            body = msgpack.packb(request, use_bin_type=True)
+            wire += _frame({"op": "rpc", "conn": 1, "data": len(body).to_bytes(4, "big") + body})
+            peer.sendall(wire)
+            wire = b""
+            while len(replies) <= n:
+                for message in decoder.feed(peer.recv(65536)):
+                    (inner,) = FrameDecoder().feed(message["data"])
+                    replies.append(inner)
+        peer.sendall(_frame({"op": "exit", "code": 0}))
+        peer.shutdown(socket.SHUT_WR)
+
+    thread = threading.Thread(target=relay_side)
+    thread.start()
+    try:
+        async with host_relay.RelaySession(NonBlockingSocketStream(host), server) as session:
+            got = b""
+            with anyio.fail_after(30):
+                async for chunk in session.stdout:
+                    got += chunk
+                    await anyio.sleep(0.001)  # a slow reader: the channel must pause
+                assert await session.wait() == 0
+    finally:
+        thread.join(30)
+        peer.close()
+    assert got == b"".join(b"%d\n" % i for i in range(outputs))
+    assert [r["result"] for r in replies] == ["0", "1", "2", "3", "4"]
+    # The first call waited behind the output, so the task answered it; the ones sent
+    # alone were answered from the reader callback.
+    assert answers.in_task[0] is True
+    assert answers.in_task[1:] == [False] * 4

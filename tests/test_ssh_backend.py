@@ -1325,3 +1325,35 @@ def test_the_relay_imports_nothing_from_the_scripts_working_directory(server: Se
         assert not list(scratch.glob("imported-*"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_relayed_calls_are_answered_in_the_loops_reader_callback(server: Server) -> None:
+    """Over the ssh relay the host answers a call that can be answered at once in the
+    event loop's reader callback on the channel's wake-up pipe, with no task woken."""
+    import asyncio
+
+    from hermes_sandbox.tools.registry import ToolRegistry
+
+    in_task: list[bool] = []
+
+    def where(args: dict[str, Any]) -> str:
+        in_task.append(asyncio.current_task() is not None)
+        return "ok"
+
+    schema = {"name": "where", "description": "Note where it ran.", "parameters": {}}
+    registry = ToolRegistry()
+    registry.register("where", "test", schema, where, inline=True)
+    result = execute_code(
+        "from hermes_tools import where\nfor _ in range(5):\n    where()\nprint('done')",
+        backend="ssh",
+        backend_options=server.options(),
+        transport="relay",
+        tools=("where",),
+        registry=registry,
+        timeout=30,
+    )
+    assert result.status == "success", result.output
+    assert len(in_task) == 5
+    # The first call may come in one read with the connection's opening, which the
+    # task acts on; the calls after it come alone.
+    assert in_task[1:] == [False] * 4

@@ -3,6 +3,7 @@ engine hands over, its output demultiplexed from the engine's 8-byte frame heade
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import anyio.lowlevel
 from hermes_sandbox.environments.base import ExecStream
 
 _STDERR_TAIL = 8192
+_RECEIVE_CHUNK = 65536
 
 
 # -- the engine's multiplexed stream ---------------------------------------------------
@@ -130,6 +132,57 @@ class NonBlockingSocketStream(anyio.abc.ByteStream):
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # read_in_loop's, while reading
+        self._on_data: Callable[[bytes], None] | None = None
+        self._on_end: Callable[[Exception | None], None] | None = None
+
+    # -- read from the loop's reader callback (asyncio) ---------------------------------
+
+    def read_in_loop(
+        self, on_data: Callable[[bytes], None], on_end: Callable[[Exception | None], None]
+    ) -> bool:
+        """From now on have the event loop call ``on_data(bytes)`` from its reader
+        callback as bytes arrive, with no task woken in between, and ``on_end(None)``
+        at the end of the stream (``on_end(exc)`` when it broke); :meth:`receive` must
+        not be used any more. False, and nothing done, where the loop has no reader
+        callbacks (trio)."""
+        try:
+            loop = asyncio.get_running_loop()
+            loop.add_reader(self._sock.fileno(), self._readable)
+        except (RuntimeError, NotImplementedError):
+            return False
+        self._loop, self._on_data, self._on_end = loop, on_data, on_end
+        return True
+
+    def pause_reading(self) -> None:
+        if self._loop is not None and not self._closed:
+            self._loop.remove_reader(self._sock.fileno())
+
+    def resume_reading(self) -> None:
+        if self._loop is not None and not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def stop_reading(self) -> None:
+        """End :meth:`read_in_loop`: no callback is called after this."""
+        self.pause_reading()
+        self._loop = self._on_data = self._on_end = None
+
+    def _readable(self) -> None:
+        assert self._on_data is not None and self._on_end is not None
+        on_end = self._on_end
+        try:
+            data = self._sock.recv(_RECEIVE_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.stop_reading()
+            on_end(anyio.BrokenResourceError(str(exc)))
+            return
+        if not data:
+            self.stop_reading()
+            on_end(None)
+            return
+        self._on_data(data)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         waited = False
@@ -183,8 +236,12 @@ class NonBlockingSocketStream(anyio.abc.ByteStream):
     async def aclose(self) -> None:
         if self._closed:
             return
+        on_end = self._on_end
+        self.stop_reading()
         self._closed = True
         anyio.notify_closing(self._sock)  # wakes a task waiting on it
+        if on_end is not None:
+            on_end(None)  # as receive's ClosedResourceError ends a reader
         self._sock.close()
 
 
@@ -245,6 +302,58 @@ class DockerExecStream(ExecStream):
             return chunk
         self._ready[0] = chunk[max_bytes:]
         return chunk[:max_bytes]
+
+    def read_in_loop(
+        self, on_data: Callable[[bytes], None], on_end: Callable[[Exception | None], None]
+    ) -> bool:
+        """The exec's stdout given to ``on_data`` from the event loop's reader callback
+        (see :meth:`NonBlockingSocketStream.read_in_loop`); False where the transport
+        cannot (it then stays read by :meth:`receive`)."""
+        transport = self._transport
+        if not isinstance(transport, NonBlockingSocketStream) or self._eof:
+            return False
+
+        def data(chunk: bytes) -> None:
+            try:
+                pieces = self._demux.feed(chunk)
+            except ValueError as exc:
+                transport.stop_reading()
+                self._eof = True
+                on_end(anyio.BrokenResourceError(str(exc)))
+                return
+            for stream, piece in pieces:
+                if stream == 1:
+                    on_data(piece)
+                elif piece:  # stderr, or an error from the engine
+                    self.stderr_tail = (self.stderr_tail + piece)[-_STDERR_TAIL:]
+
+        def end(exc: Exception | None) -> None:
+            self._eof = True
+            if exc is None and self._demux.mid_frame:
+                exc = anyio.BrokenResourceError("the engine closed the exec stream inside a frame")
+            on_end(exc)
+
+        if not transport.read_in_loop(data, end):
+            return False
+        ready, self._ready = self._ready, []
+        for chunk in ready:
+            on_data(chunk)
+        if self._pending:
+            pending, self._pending = self._pending, b""
+            data(pending)
+        return True
+
+    def pause_reading(self) -> None:
+        if isinstance(self._transport, NonBlockingSocketStream):
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if isinstance(self._transport, NonBlockingSocketStream):
+            self._transport.resume_reading()
+
+    def stop_reading(self) -> None:
+        if isinstance(self._transport, NonBlockingSocketStream):
+            self._transport.stop_reading()
 
     async def send(self, item: bytes) -> None:
         await self._transport.send(item)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -90,6 +92,74 @@ class SSHExecStream(ExecStream):
         self._closed = False
         self._lost_noted = False
         self._stderr = b""
+        self._loop: asyncio.AbstractEventLoop | None = None  # read_in_loop's, while reading
+        self._on_data: Callable[[bytes], None] | None = None
+        self._on_end: Callable[[Exception | None], None] | None = None
+        self._paused = False
+
+    # -- read from the loop's reader callback (asyncio) ---------------------------------
+
+    def read_in_loop(
+        self, on_data: Callable[[bytes], None], on_end: Callable[[Exception | None], None]
+    ) -> bool:
+        """From now on have the event loop call ``on_data(bytes)`` from its reader
+        callback (on the wake-up pipe) as the channel's stdout arrives, with no task
+        woken in between, and ``on_end(None)`` at its end (``on_end(exc)`` when the
+        connection was lost); :meth:`receive` must not be used any more. False, and
+        nothing done, where the loop has no reader callbacks (trio)."""
+        if self._closed:
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+            loop.add_reader(self._wakeup.fd, self._readable)
+        except (RuntimeError, NotImplementedError):
+            return False
+        self._loop, self._on_data, self._on_end = loop, on_data, on_end
+        loop.call_soon(self._readable)  # what the buffers hold already
+        return True
+
+    def pause_reading(self) -> None:
+        if self._loop is not None and not self._paused:
+            self._paused = True
+            self._loop.remove_reader(self._wakeup.fd)
+
+    def resume_reading(self) -> None:
+        if self._loop is not None and self._paused:
+            self._paused = False
+            self._loop.add_reader(self._wakeup.fd, self._readable)
+            self._loop.call_soon(self._readable)  # the wake-up may be drained already
+
+    def stop_reading(self) -> None:
+        """End :meth:`read_in_loop`: no callback is called after this."""
+        if self._loop is not None:
+            if not self._paused:  # the pipe is still open: aclose stops first
+                self._loop.remove_reader(self._wakeup.fd)
+            self._loop = self._on_data = self._on_end = None
+
+    def _readable(self) -> None:
+        channel = self._channel
+        if self._closed or self._paused or self._on_data is None:
+            return
+        self._wakeup.drain()
+        self._drain_stderr()
+        while channel.recv_ready():
+            data: bytes = channel.recv(65536)
+            if not data:
+                break
+            self._on_data(data)
+            if self._paused or self._on_data is None:
+                return  # the rest when resumed
+        if channel.recv_ready() or not (channel.eof_received or channel.closed):
+            return
+        on_end = self._on_end
+        assert on_end is not None
+        lost = not channel.eof_received and self._connection_lost()
+        self.stop_reading()
+        on_end(
+            anyio.BrokenResourceError(f"the SSH connection to {self._login} was lost")
+            if lost
+            else None
+        )
 
     @property
     def stderr_tail(self) -> bytes:  # type: ignore[override]
@@ -199,7 +269,11 @@ class SSHExecStream(ExecStream):
         self._closed = True
         with anyio.CancelScope(shield=True):
             self._drain_stderr()
+            on_end = self._on_end
+            self.stop_reading()
             anyio.notify_closing(self._wakeup.fd)
+            if on_end is not None:
+                on_end(None)  # as receive's ClosedResourceError ends a reader
             self._wakeup.close()
             try:
                 await anyio.to_thread.run_sync(self._channel.close)
