@@ -4,11 +4,11 @@ Scripts start behind the run's isolation (environments/isolation.py): under bubb
 where it works, with the host's network only when asked for. What a launch starts ends
 with it, and with this host process:
 
-- behind bubblewrap (:func:`open_sandboxed`), by the sandbox's own pid namespace: when
-  the launched program exits, the kernel ends everything else in it, and bubblewrap's
-  ``--die-with-parent`` ends the sandbox when this process dies;
+- behind bubblewrap (:func:`open_local`, ``sandboxed``), by the sandbox's own pid
+  namespace: when the launched program exits, the kernel ends everything else in it,
+  and bubblewrap's ``--die-with-parent`` ends the sandbox when this process dies;
 - otherwise (no isolation, and the terminal tool's commands, which run on this
-  machine), under the supervisor (stubs/_supervisor.py, :func:`open_supervised`): a
+  machine), under the supervisor (stubs/_supervisor.py, :func:`launch_argv`): a
   child subreaper that ends everything the launch started when it exits or when this
   host process dies (its lifeline pipe ends).
 
@@ -256,14 +256,15 @@ class LocalEnvironment(Environment, Runtime):
         """Start ``argv``: behind the isolation in a sandbox of its own if ``contain``
         and there is one, else under the supervisor."""
         contained = await self._contained(argv, cwd) if contain else None
-        if contained is not None:
-            handle = await open_sandboxed(
-                contained, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env
-            )
-        else:
-            handle = await open_supervised(
-                argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env
-            )
+        handle = await open_local(
+            argv if contained is None else contained,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=env,
+            sandboxed=contained is not None,
+        )
         handle.track(self._live)
         return handle
 
@@ -442,7 +443,7 @@ class LocalEnvironment(Environment, Runtime):
         self._stages = await anyio.to_thread.run_sync(remove, limiter=kill_limiter())
 
 
-async def open_supervised(
+async def open_local(
     argv: Sequence[str],
     *,
     stdin: Any,
@@ -450,53 +451,36 @@ async def open_supervised(
     stderr: Any,
     cwd: str | None,
     env: Mapping[str, str],
+    sandboxed: bool = False,
 ) -> _Launch:
-    """Start ``argv`` on this machine under the supervisor (:func:`launch_argv`): every
-    local launch outside a sandbox goes through here. Raises OSError (a ``cwd`` that
-    does not exist)."""
-    lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
+    """Start ``argv`` on this machine: every local launch goes through here. Under the
+    supervisor (:func:`launch_argv`), unless ``sandboxed``: ``argv`` is then a command
+    line behind bubblewrap (its own pid namespace, ``--die-with-parent``), which ends
+    what the script started when the script exits, and ends with this process. Raises
+    OSError (a ``cwd`` that does not exist)."""
+    lifeline = keep = None
+    if not sandboxed:
+        lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
+        argv = launch_argv(argv, lifeline=lifeline)
     try:
         process = await anyio.open_process(
-            launch_argv(argv, lifeline=lifeline),
+            argv,
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
             cwd=cwd,
             env=env,
             start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
-            pass_fds=(lifeline,),
+            pass_fds=() if lifeline is None else (lifeline,),
         )
     except BaseException:
-        os.close(keep)
+        if keep is not None:
+            os.close(keep)
         raise
     finally:
-        os.close(lifeline)
+        if lifeline is not None:
+            os.close(lifeline)
     return _Launch(process, keep)
-
-
-async def open_sandboxed(
-    argv: Sequence[str],
-    *,
-    stdin: Any,
-    stdout: Any,
-    stderr: Any,
-    cwd: str | None,
-    env: Mapping[str, str],
-) -> _Launch:
-    """Start ``argv``, a command line behind bubblewrap (its own pid namespace, and
-    ``--die-with-parent``), with no supervisor: the sandbox ends what the script started
-    when the script exits, and ends with this process. Raises OSError (a ``cwd`` that
-    does not exist)."""
-    process = await anyio.open_process(
-        argv,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
-    )
-    return _Launch(process, None)
 
 
 class _Launch:

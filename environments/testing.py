@@ -38,7 +38,7 @@ from hermes_sandbox.environments import register_backend
 from hermes_sandbox.environments.base import DEFAULT_MAX_COMMAND_OUTPUT, CommandResult
 from hermes_sandbox.environments.errors import EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
-from hermes_sandbox.environments.local import LocalExecStream, open_supervised
+from hermes_sandbox.environments.local import LocalExecStream, open_local
 from hermes_sandbox.environments.settings import BackendSettings
 
 # Answers a shell command instead of running it (None: run it after all).
@@ -126,7 +126,7 @@ class FakeEnvironment(ExecStreamEnvironment):
         merged.setdefault("HOME", self.root)
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - owned by the stream
         try:
-            handle = await open_supervised(
+            handle = await open_local(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -222,17 +222,7 @@ def local_stages() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "hermes-sandbox-[0-9a-z_]*")))
 
 
-KILL_TARGETS = [
-    "local-unix",
-    "local-files",
-    "local-relay",
-    "bwrap-unix",
-    "bwrap-files",
-    "bwrap-relay",
-    "docker-unix",
-    "docker-relay",
-    "ssh",
-]
+KILL_TARGETS = [target for target in TIMEOUT_TARGETS if target != "persistent"]
 
 
 @pytest.mark.timeout(180)

@@ -79,7 +79,7 @@ import psutil
 
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
-from hermes_sandbox.environments.local import LocalExecStream, open_supervised
+from hermes_sandbox.environments.local import LocalExecStream, open_local
 from hermes_sandbox.environments.settings import DEFAULT_PYTHON_IMAGE
 from hermes_sandbox.environments.singularity.settings import (
     IMAGE_VAR,
@@ -545,7 +545,7 @@ class SingularityEnvironment(ExecStreamEnvironment):
         try:
             # Under the supervisor, like every local launch: what the command leaves on
             # this machine dies with it, or with this host process.
-            handle = await open_supervised(
+            handle = await open_local(
                 command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
