@@ -703,6 +703,17 @@ FILES_SCRIPT = """
 """
 
 
+async def over_files(tmp_path: Path, host: Host, directory: Path, script: str) -> tuple[Any, Path]:
+    """``script`` run in ``directory`` with its calls over the files transport to
+    ``host``: its printed JSON, and the calls directory."""
+    calls = tmp_path / "calls"
+    calls.mkdir(mode=0o700)
+    server = RPCServer(host.gate, token=TOKEN)
+    async with files_transport.serve_files(server, str(calls)):
+        env = script_env(None, HERMES_RPC_DIR=str(calls))
+        return (await run_python(directory, script, env)).result(), calls
+
+
 class LinkingChannel(FileChannel):
     """A host whose replies land by link(), which inotify's rename watch does not
     report: what a shared filesystem that reports nothing looks like to the client."""
@@ -729,12 +740,7 @@ async def test_files_threads_and_a_forked_child_each_get_their_own_answer(
         (directory / "ctypes.py").write_text("raise ImportError('no ctypes here')\n")
     if mode == "renames not reported":
         monkeypatch.setattr(files_transport, "FileChannel", LinkingChannel)
-    calls = tmp_path / "calls"
-    calls.mkdir(mode=0o700)
-    server = RPCServer(host.gate, token=TOKEN)
-    async with files_transport.serve_files(server, str(calls)):
-        env = script_env(None, HERMES_RPC_DIR=str(calls))
-        out = (await run_python(directory, FILES_SCRIPT, env)).result()
+    out, calls = await over_files(tmp_path, host, directory, FILES_SCRIPT)
     assert out["results"] == {
         str(i): [{"text": f"t{i}-{k}", "tag": k} for k in range(5)] for i in range(10)
     }
@@ -775,12 +781,7 @@ async def test_files_calls_write_their_requests_into_the_replies_files(tmp_path:
     the same file, not a freed one the kernel gave out again."""
     host = Host()
     directory = stage(tmp_path / "stage")
-    calls = tmp_path / "calls"
-    calls.mkdir(mode=0o700)
-    server = RPCServer(host.gate, token=TOKEN)
-    async with files_transport.serve_files(server, str(calls)):
-        env = script_env(None, HERMES_RPC_DIR=str(calls))
-        out = (await run_python(directory, REUSE_SCRIPT, env)).result()
+    out, _ = await over_files(tmp_path, host, directory, REUSE_SCRIPT)
     assert out["answers"] == [{"text": f"r{k}"} for k in range(10)]
     assert len(out["inodes"]) == 10
     assert len(set(out["inodes"])) == 1, out["inodes"]
