@@ -8,7 +8,6 @@ backend does), SIGKILLs it, and looks: which directories are left, which process
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import is_gone
+from conftest import bwrap_problem, is_gone, require
 
 from hermes_sandbox.environments.keeper import keeper
 
@@ -102,11 +101,11 @@ def test_a_killed_host_leaves_no_kept_directory_and_no_keeper(tmp_path: Path) ->
     assert released.is_dir(), "a released directory is not the keeper's to remove"
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 def test_a_sandbox_whose_host_died_before_die_with_parent_is_killed(tmp_path: Path) -> None:
     """bubblewrap's --die-with-parent comes too late for a host that dies between its
     fork and bubblewrap's prctl: the keeper finds such a sandbox by the kept directory
     on its command line and kills it with everything in it."""
+    require(bwrap_problem(), "the keeper's sandbox test needs a bubblewrap that works here")
     (stage,) = made(tmp_path, "stage")
     host, (_, sandbox) = start_host([stage], [], [stage])
     assert wait_until(
