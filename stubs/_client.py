@@ -317,12 +317,18 @@ class _Connection(object):
 _O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
 
 
-def _write_file(path, data):
-    fd = _os.open(path, _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC | _O_CLOEXEC, 0o666)
+def _write_file(path, data, reuse=False):
+    """Write ``data`` to a new file at ``path``, or with ``reuse`` over an existing one,
+    then cut to its length: not O_TRUNC, a truncation to 0, which on ext4 has the close
+    start writing the file out to disk."""
+    flags = _os.O_WRONLY | _O_CLOEXEC | (0 if reuse else _os.O_CREAT | _os.O_TRUNC)
+    fd = _os.open(path, flags, 0o666)
     try:
         view = memoryview(data)
         while view:
             view = view[_os.write(fd, view) :]
+        if reuse:
+            _os.ftruncate(fd, len(data))
     finally:
         _os.close(fd)
 
@@ -472,19 +478,10 @@ class _FileConnection(object):
             except IndexError:
                 break
             try:
-                fd = _os.open(spare, _os.O_WRONLY | _O_CLOEXEC)
+                _write_file(spare, data, reuse=True)
             except OSError:  # the host's own file (not writable here), or gone
                 _unlink(spare)
                 continue
-            # Written over, then cut to its length: not O_TRUNC, a truncation to 0, which
-            # on ext4 has the close start writing the file out to disk.
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[_os.write(fd, view) :]
-                _os.ftruncate(fd, len(data))
-            finally:
-                _os.close(fd)
             return spare
         temporary = _os.path.join(self._directory, "." + key + ".req.tmp")
         _write_file(temporary, data)
