@@ -55,6 +55,9 @@ HELPER_PROGRAM = "_exec_helper.py"
 # The relay's exec runs only the part that writes a stage and starts the relay: less to
 # compile there (a third of the helper).
 RELAY_LAUNCH_SOURCE = program_source("_stage_files.py")
+# A relay started ahead of its run (the ssh backend's standby): the launch, with the
+# process-tree code it needs before it has loaded the relay (forbid_tracing).
+STANDBY_SOURCE = "\n".join((program_source("_proctree.py"), RELAY_LAUNCH_SOURCE))
 HELPER_SOURCE = "\n".join(
     (program_source("_proctree.py"), RELAY_LAUNCH_SOURCE, program_source(HELPER_PROGRAM))
 )
@@ -64,15 +67,15 @@ HELPER_SOURCE = "\n".join(
 HELPER_FLAGS = ("-I", "-S")
 
 
-def _bundle(files: Mapping[str, bytes], mode: int = 0o600) -> bytes:
+def bundle_files(files: Mapping[str, bytes], mode: int = 0o600) -> bytes:
     """Files as the helper's ``stage`` and ``put`` read them: per file a line ``NAME
     MODE SIZE`` (the name hex-encoded, the mode octal), then its bytes."""
     check_stage_names(files)
-    bundle = bytearray()
+    out = bytearray()
     for name, data in files.items():
         hexed = name.encode("utf-8", "surrogateescape").hex()
-        bundle += f"{hexed} {mode:o} {len(data)}\n".encode() + data
-    return bytes(bundle)
+        out += f"{hexed} {mode:o} {len(data)}\n".encode() + data
+    return bytes(out)
 
 
 def unhex(text: str) -> str:
@@ -277,7 +280,7 @@ class ExecStreamEnvironment(Environment, Runtime):
         """The ``relay`` of stubs/_stage_files.py: one exec, one Python (with
         :data:`HELPER_FLAGS`), that makes the stage if asked, writes ``files`` and runs
         the relay. ``env`` is not needed: the stage goes on the relay's import path."""
-        bundle = _bundle(files or {})
+        bundle = bundle_files(files or {})
         argv = [
             self.python,
             *HELPER_FLAGS,
@@ -303,7 +306,7 @@ class ExecStreamEnvironment(Environment, Runtime):
             return list(argv), b""
         if stage is None:
             raise ValueError("files to write before a program need its stage")
-        bundle = _bundle(files)
+        bundle = bundle_files(files)
         put = [self.python, *HELPER_FLAGS, "-c", HELPER_SOURCE, "put", stage, str(len(bundle))]
         return [*put, *argv], bundle
 
@@ -458,7 +461,7 @@ class ExecStreamEnvironment(Environment, Runtime):
     ) -> str:
         """The directory and its files in one exec: the helper's ``stage``."""
         answer = await self._helper(
-            "stage", prefix, parent or self.scratch_parent, data=_bundle(files, mode)
+            "stage", prefix, parent or self.scratch_parent, data=bundle_files(files, mode)
         )
         return self._made_dir(answer)
 

@@ -33,6 +33,20 @@ def become_subreaper():
     return _prctl(36, 1)
 
 
+def forbid_tracing():
+    """Make this process undumpable (PR_SET_DUMPABLE 0): other processes of the same
+    user can neither trace it nor open its /proc files (descriptors, memory,
+    environment); a program it execs is dumpable again. False where that cannot be
+    done."""
+    return _prctl(4, 0)
+
+
+def set_name(name):
+    """What ps shows this process as (PR_SET_NAME: its comm, 15 bytes at most); False
+    where that cannot be done."""
+    return _prctl(15, name.encode()[:15])
+
+
 def die_with_parent(sig):
     """Have the kernel send ``sig`` when the parent (thread) that made this process
     exits (PR_SET_PDEATHSIG); False where that cannot be done."""

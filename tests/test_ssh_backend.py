@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 SERVICE = REPO / "scripts" / "sshd-service"
 # make_private_dir's names: stages, and sessions' workspaces
 STAGE_RE = re.compile(r"^hermes-(sandbox|session)-[0-9a-f]{12}$")
+STANDBY_NAME = "hermes-standby"  # what ps shows for a relay started ahead of its run
 # Processes get this long to go after a run before a test calls them left behind.
 SETTLE_SECONDS = 5.0
 
@@ -140,15 +141,19 @@ def sshd() -> Iterator[Server]:
         close_pooled_connections()
 
 
-def user_processes(server: Server) -> dict[int, str]:
+def user_processes(server: Server, *, standbys: bool = False) -> dict[int, str]:
     """Live processes of the test user other than sshd's own (a pooled connection
-    keeps an ``sshd: user@notty`` process)."""
+    keeps an ``sshd: user@notty`` process) and, unless ``standbys``, the relays the
+    pool keeps started ahead of a run (``hermes-standby``: they go with the pool;
+    test_a_standby_relay_goes_with_its_connection)."""
     found = {}
     for process in psutil.process_iter(["username", "name", "cmdline", "status"]):
         info = process.info
         if info["username"] != server.user or info["status"] == psutil.STATUS_ZOMBIE:
             continue
         if info["name"] == "sshd" or (info["cmdline"] or [""])[0].startswith("sshd:"):
+            continue
+        if info["name"] == STANDBY_NAME and not standbys:
             continue
         found[process.pid] = " ".join(info["cmdline"] or [info["name"] or "?"])
     return found
@@ -1357,3 +1362,195 @@ def test_relayed_calls_are_answered_in_the_loops_reader_callback(server: Server)
     # The first call may come in one read with the connection's opening, which the
     # task acts on; the calls after it come alone.
     assert in_task[1:] == [False] * 4
+
+
+# -- the standby relay: started ahead of the next run on a pooled connection -------------
+
+
+def standbys(server: Server, config: SSHSettings | None = None) -> set[int]:
+    """The test user's relays started ahead of a run (named ``hermes-standby``); with
+    ``config``, only those on its pooled connection (children of the sshd serving it)."""
+    found = set(user_processes(server, standbys=True)) - set(user_processes(server))
+    if config is None:
+        return found
+    ports = pool_stats(config).local_ports
+    serving = {process.pid for port in ports for process in server_processes(port)}
+    mine = set()
+    for pid in found:
+        try:
+            if psutil.Process(pid).ppid() in serving:
+                mine.add(pid)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return mine
+
+
+def wait_for(predicate: Any, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+PARENT_SCRIPT = """
+import os
+from hermes_tools import read_file
+assert "error" in read_file("/nonexistent/file")  # a tool call, over the relay's RPC
+ppid = os.getppid()
+with open("/proc/%d/comm" % ppid) as f:
+    comm = f.read().strip()
+with open("/proc/%d/cmdline" % ppid, "rb") as f:
+    argv = f.read().split(b"\\0")
+print(comm, argv[5].decode() if len(argv) > 5 else "?")
+"""
+
+
+def test_a_run_after_a_relayed_run_takes_the_standby_relay(
+    server: Server, own_known_hosts: str
+) -> None:
+    """After a relayed run the pool starts a relay for the next run on the same
+    connection; the next run is handed to it (its relay is the standby renamed, not a
+    new exec) and a new standby follows it."""
+    options = server.options(known_hosts=own_known_hosts)
+    config = SSHSettings.from_mapping(options)
+    first = execute_code(PARENT_SCRIPT, backend="ssh", backend_options=options, timeout=20)
+    assert first.status == "success", first.output
+    assert first.output.split() == ["python3", "relay"]  # a relay exec of its own
+    assert wait_for(lambda: pool_stats(config).standby_relays == 1)
+    [ahead] = standbys(server, config)
+    second = execute_code(PARENT_SCRIPT, backend="ssh", backend_options=options, timeout=20)
+    assert second.status == "success", second.output
+    assert second.output.split() == ["hermes-relay", "standby"]
+    assert wait_for(lambda: pool_stats(config).standby_relays == 1)
+    assert ahead not in standbys(server), "the standby that took the run is gone"
+    assert len(standbys(server, config)) == 1
+    assert pool_stats(config).connections_made == 1
+
+
+def test_a_standby_relay_goes_with_its_connection(server: Server, own_known_hosts: str) -> None:
+    """Nothing is left behind by the relay started ahead: when the pool closes the
+    connection (idle time, exit) the standby, which has made nothing, exits."""
+    options = server.options(known_hosts=own_known_hosts, idle_timeout=0.5)
+    config = SSHSettings.from_mapping(options)
+    result = execute_code("print(1)", backend="ssh", backend_options=options, timeout=20)
+    assert result.status == "success", result.output
+    assert wait_for(lambda: pool_stats(config).standby_relays == 1)
+    ahead = standbys(server, config)
+    assert len(ahead) == 1
+    assert wait_for(lambda: not pool_stats(config).open_connections)
+    assert wait_for(lambda: not ahead & standbys(server), 5.0), "the standby outlived the pool"
+
+
+def test_no_standby_relay_when_turned_off(server: Server, own_known_hosts: str) -> None:
+    options = server.options(known_hosts=own_known_hosts, standby_relay=False)
+    config = SSHSettings.from_mapping(options)
+    for _ in range(2):
+        result = execute_code(PARENT_SCRIPT, backend="ssh", backend_options=options, timeout=20)
+        assert result.output.split() == ["python3", "relay"], result.output
+    time.sleep(0.5)  # a standby would be ready by now (tens of ms)
+    assert pool_stats(config).standby_relays == 0
+    assert not standbys(server, config)
+
+
+def test_a_dead_standby_relay_is_not_handed_a_run(server: Server, own_known_hosts: str) -> None:
+    """A standby killed on the remote is dropped, and the next run starts its own relay."""
+    options = server.options(known_hosts=own_known_hosts)
+    config = SSHSettings.from_mapping(options)
+    assert execute_code("print(1)", backend="ssh", backend_options=options).status == "success"
+    assert wait_for(lambda: pool_stats(config).standby_relays == 1)
+    [ahead] = standbys(server, config)
+    os.kill(ahead, signal.SIGKILL)
+    assert wait_for(lambda: pool_stats(config).standby_relays == 0)
+    result = execute_code(PARENT_SCRIPT, backend="ssh", backend_options=options, timeout=20)
+    assert result.output.split() == ["python3", "relay"], result.output
+
+
+PRYING_SCRIPT = """
+import json, os, sys, time
+found, tried = None, {}
+deadline = time.time() + 15
+while found is None and time.time() < deadline:
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/comm" % name) as f:
+                comm = f.read().strip()
+            uid = os.stat("/proc/%s" % name).st_uid
+        except OSError:
+            continue
+        if comm == "hermes-standby":
+            found = int(name)
+            break
+    time.sleep(0.02)
+if found is not None:
+    for what in ("environ", "mem", "fd/0", "fd/1", "cwd/."):
+        try:
+            if what.startswith("cwd"):
+                os.listdir("/proc/%d/cwd" % found)
+            else:
+                os.close(os.open("/proc/%d/%s" % (found, what), os.O_RDONLY))
+            tried[what] = "opened"
+        except OSError as exc:
+            tried[what] = type(exc).__name__
+print(json.dumps({"found": found, "tried": tried}))
+"""
+
+
+def test_a_script_cannot_reach_into_a_standby_relay(server: Server, own_known_hosts: str) -> None:
+    """Attack: a script that runs while the pool holds a relay started ahead for the
+    next run (which may be another task's) looks for it among its user's processes and
+    tries to open its environment, memory, descriptors and working directory: the
+    standby is not dumpable, so every one is refused to processes of the same user."""
+    options = server.options(known_hosts=own_known_hosts)
+    config = SSHSettings.from_mapping(options)
+    outcome: dict[str, Any] = {}
+
+    def pry() -> None:
+        outcome["result"] = execute_code(
+            PRYING_SCRIPT, backend="ssh", backend_options=options, timeout=30
+        )
+
+    prying = threading.Thread(target=pry)
+    prying.start()
+    try:
+        # A quick run beside it: once it ends, the pool starts a standby.
+        assert execute_code("print(1)", backend="ssh", backend_options=options).status == "success"
+        assert wait_for(lambda: pool_stats(config).standby_relays == 1)
+    finally:
+        prying.join()
+    result = outcome["result"]
+    assert result.status == "success", result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["found"] is not None, "the script did not see the standby"
+    assert report["tried"] and "opened" not in report["tried"].values(), report
+
+
+@pytest.mark.anyio
+async def test_a_standby_runs_the_relay_the_run_stages(
+    server: Server, own_known_hosts: str
+) -> None:
+    """A standby has loaded the runtime's relay; a run that stages another one (here a
+    stand-in that prints) gets that one run, as a relay exec of its own would."""
+    config = server.config(known_hosts=own_known_hosts)
+    assert (
+        execute_code(
+            "print(1)", backend="ssh", backend_options=server.options(known_hosts=own_known_hosts)
+        ).status
+        == "success"
+    )
+    assert wait_for(lambda: pool_stats(config).standby_relays == 1)
+    async with SSHEnvironment(config) as env:
+        made = env.fresh_stage_path("hermes-sandbox-")
+        assert made is not None
+        stream = await env.open_relay(
+            made, [], files={"_hermes_relay.py": b"print('ran')\n"}, make_stage=True
+        )
+        out = b"".join([chunk async for chunk in stream])
+        assert (out, await stream.wait()) == (b"ran\n", 0)
+        # Taken (the next one is started once this stream is closed).
+        assert pool_stats(config).standby_relays == 0, "the run did not take the standby"
+        await stream.aclose()
+        await env.remove_tree(made)

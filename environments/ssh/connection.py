@@ -5,10 +5,12 @@ among the environments of this process (see environments/ssh/environment.py)."""
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,10 @@ except ImportError:  # reported by SSHEnvironment.start, so SSHSettings works wi
 log = logging.getLogger(__name__)
 
 _KEEPALIVE_SECONDS = 15
+# How long a standby relay may take to say it is ready; and how many standbys may fail
+# to start on one share before it stops making them (a remote Python that cannot).
+STANDBY_START_SECONDS = 30.0
+STANDBY_FAILURES = 3
 
 
 # -- connecting ------------------------------------------------------------------------
@@ -191,6 +197,35 @@ class _Connection:
             log.debug("closing an ssh connection: %s", exc)
 
 
+class Standby:
+    """A relay started on a pooled connection before its run (see
+    :meth:`_Share.want_standby`): its channel, which has said ``ready``."""
+
+    def __init__(self, channel: Any, release: Callable[[], None]) -> None:
+        self.channel = channel
+        self.release = release  # blocking: gives the channel's slot back to the pool
+
+    def usable(self) -> bool:
+        channel = self.channel
+        transport = channel.get_transport()
+        return bool(
+            transport is not None
+            and transport.is_active()
+            and not channel.closed
+            and not channel.eof_received
+            and not channel.exit_status_ready()
+        )
+
+    def discard(self) -> None:
+        """Close the channel (the standby, waiting for its run, sees the end of its
+        input and exits having made nothing) and give its slot back."""
+        try:
+            self.channel.close()
+        except Exception as exc:  # a broken connection: nothing left to close
+            log.debug("closing a standby relay's channel: %s", exc)
+        self.release()
+
+
 class _Share:
     """The connections of one pool key, and how many environments use them."""
 
@@ -204,6 +239,10 @@ class _Share:
         self.probes: dict[tuple[str, str | None], tuple[int, Any]] = {}
         self.timer: threading.Timer | None = None
         self.lock = threading.Lock()  # connects and channel bookkeeping
+        self.standbys: dict[str, Standby] = {}  # by remote python, ready for a run
+        self._making: set[str] = set()  # pythons whose standby is being started
+        self.standby_failures = 0
+        self.closed = False
 
     def prune(self) -> None:
         """Forget connections that died (holding ``lock``)."""
@@ -234,13 +273,16 @@ class _Share:
         self.connects += 1
         return conn
 
-    def open_channel(self, config: SSHSettings) -> tuple[_Connection, Any]:
-        """A new session channel on a connection with room for it (blocking)."""
+    def open_channel(self, config: SSHSettings, *, connect: bool = True) -> tuple[_Connection, Any]:
+        """A new session channel on a connection with room for it (blocking); with
+        ``connect`` false, only on a connection open already."""
         last: Exception | None = None
         for _ in range(8):
             with self.lock:
                 self.prune()
                 conn = next((c for c in self.connections if c.sessions < c.capacity), None)
+                if conn is None and (self.closed or not connect):
+                    raise EnvironmentFailure(f"no open SSH connection to {config.login} has room")
                 if conn is None:
                     try:
                         conn = self._add(config)
@@ -273,9 +315,81 @@ class _Share:
         with self.lock:
             conn.sessions = max(0, conn.sessions - 1)
 
+    # -- standby relays ----------------------------------------------------------------
+
+    def take_standby(self, python: str) -> Standby | None:
+        """The standby relay of ``python`` for a run to use, if one is ready."""
+        with self.lock:
+            standby = self.standbys.pop(python, None)
+        if standby is None or standby.usable():
+            return standby
+        standby.discard()
+        return None
+
+    def want_standby(self, config: SSHSettings, python: str, command: str, preload: bytes) -> None:
+        """Start a standby relay for ``python`` in the background unless one is ready or
+        on its way: a thread opens a channel on a connection open already, runs
+        ``command`` there, sends ``preload`` (the relay and its codec) and keeps the
+        channel once the relay says ``ready``."""
+        with self.lock:
+            if (
+                self.closed
+                or python in self.standbys
+                or python in self._making
+                or self.standby_failures >= STANDBY_FAILURES
+            ):
+                return
+            self._making.add(python)
+        thread = threading.Thread(
+            target=self._make_standby,
+            args=(config, python, command, preload),
+            name="hermes-ssh-standby",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: runs start their relay themselves
+            with self.lock:
+                self._making.discard(python)
+
+    def _make_standby(self, config: SSHSettings, python: str, command: str, preload: bytes) -> None:
+        standby: Standby | None = None
+        conn: _Connection | None = None
+        try:
+            conn, channel = self.open_channel(config, connect=False)
+            standby = Standby(channel, functools.partial(self.release_channel, conn))
+            channel.exec_command(command)
+            channel.sendall(preload)
+            channel.settimeout(STANDBY_START_SECONDS)
+            said = b""
+            while len(said) < len(_READY) and (chunk := channel.recv(len(_READY) - len(said))):
+                said += chunk
+            if said != _READY:
+                raise EnvironmentFailure(f"the standby relay said {said!r}")
+            channel.settimeout(None)
+        except Exception as exc:  # the run after this one starts its relay itself
+            log.info("no standby relay on %s: %s", config.login, exc)
+            with self.lock:
+                self.standby_failures += 1
+            if standby is not None:
+                standby.discard()
+            standby = None
+        finally:
+            with self.lock:
+                self._making.discard(python)
+                kept = standby is not None and not self.closed and conn in self.connections
+                if kept:
+                    self.standbys[python] = standby  # type: ignore[assignment]
+        if standby is not None and not kept:
+            standby.discard()
+
     def close_all(self) -> None:
         with self.lock:
+            self.closed = True
             connections, self.connections = self.connections, []
+            standbys, self.standbys = list(self.standbys.values()), {}
+        for standby in standbys:
+            standby.discard()
         for conn in connections:
             conn.close()
 
@@ -287,8 +401,9 @@ class PoolStats:
     users: int  # environments holding a share now
     open_connections: int
     connections_made: int  # since the share was created (it goes after its idle time)
-    open_channels: int
+    open_channels: int  # held by environments (commands, runs), not by standby relays
     local_ports: tuple[int, ...] = ()  # this side's TCP ports: sshd's log names them
+    standby_relays: int = 0  # relays started ahead, ready for a run
 
 
 class _ConnectionPool:
@@ -353,12 +468,14 @@ class _ConnectionPool:
                     ports.append(int(conn.transport.sock.getsockname()[1]))
                 except (OSError, AttributeError, IndexError):
                     pass
+            standbys = sum(1 for s in share.standbys.values() if s.usable())
             return PoolStats(
                 share.users,
                 len(live),
                 share.connects,
-                sum(c.sessions for c in live),
+                max(0, sum(c.sessions for c in live) - len(share.standbys) - len(share._making)),
                 tuple(ports),
+                standbys,
             )
 
     def close_all(self) -> None:
@@ -372,6 +489,7 @@ class _ConnectionPool:
             share.close_all()
 
 
+_READY = b"ready\n"  # what a standby relay says once it can take a run
 _POOL = _ConnectionPool()
 atexit.register(_POOL.close_all)
 

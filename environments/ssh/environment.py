@@ -44,6 +44,7 @@ key, an unknown host key or a missing ``python3`` each say what to do.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shlex
@@ -52,11 +53,18 @@ from typing import Any, ClassVar
 
 import anyio
 
+from hermes_sandbox.environments.base import ExecStream
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
-from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+from hermes_sandbox.environments.exec_stream import (
+    HELPER_FLAGS,
+    STANDBY_SOURCE,
+    ExecStreamEnvironment,
+    bundle_files,
+)
 from hermes_sandbox.environments.ssh.connection import (
     _POOL,
     PoolStats,
+    Standby,
     _Connection,
     _require_paramiko,
     _Share,
@@ -70,6 +78,13 @@ from hermes_sandbox.environments.ssh.settings import (
 )
 from hermes_sandbox.environments.ssh.stream import SSHExecStream
 from hermes_sandbox.stubs import program_source
+from hermes_sandbox.stubs.generate import (
+    CODEC_MODULE,
+    RELAY_MODULE,
+    codec_source,
+    relay_code_file,
+    relay_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +260,76 @@ class SSHEnvironment(ExecStreamEnvironment):
         if share is not None:
             await anyio.to_thread.run_sync(_POOL.release, share, self.settings.idle_timeout)
 
+    # -- the relay: started ahead of its run where the pool holds one ----------------------
+
+    async def open_relay(
+        self,
+        stage: str,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+        make_stage: bool = False,
+    ) -> ExecStream:
+        """The run's relay: the standby the pool holds for this connection and Python
+        when there is one (it was started after an earlier run, so this run does not
+        wait for a Python to start), else a new exec; either way, once this run's
+        relay has ended, a standby for the next run is started in the background
+        (``standby_relay``)."""
+        share = self._share
+        # A connection closed as its last user leaves (idle_timeout 0) has no next run.
+        wanted = (
+            share is not None and self.settings.standby_relay and self.settings.idle_timeout > 0
+        )
+        standby = share.take_standby(self.python) if wanted and share is not None else None
+        stream = None
+        if standby is not None:
+            stream = await self._hand_run_to(standby, stage, args, cwd, files or {}, make_stage)
+        if stream is None:
+            stream = await super().open_relay(
+                stage, args, env=env, cwd=cwd, files=files, make_stage=make_stage
+            )
+        if wanted and share is not None and isinstance(stream, SSHExecStream):
+            # Once this run is over: started beside it, the standby would slow it down.
+            preload = _standby_preload()
+            argv = [self.python, *HELPER_FLAGS, "-c", STANDBY_SOURCE, "standby"]
+            command = self.command_line([*argv, str(len(preload))], env=None, cwd=None)
+            stream.then_release(
+                functools.partial(share.want_standby, self.settings, self.python, command, preload)
+            )
+        return stream
+
+    async def _hand_run_to(
+        self,
+        standby: Standby,
+        stage: str,
+        args: Sequence[str],
+        cwd: str | None,
+        files: Mapping[str, bytes],
+        make_stage: bool,
+    ) -> ExecStream | None:
+        """Send the run to ``standby`` (stubs/_stage_files.py, ``standby``): its spec,
+        then the bundle of its files; None if the standby is gone (the caller starts a
+        relay anew)."""
+        # The standby has loaded the relay: its files need not travel again (the codec
+        # does: the script's hermes_tools imports it from the stage). Another relay
+        # does, and the standby runs that one.
+        relay = _relay_files()
+        if all(files.get(name) == data for name, data in relay.items()):
+            files = {k: v for k, v in files.items() if k not in relay}
+        files_bundle = bundle_files(files)
+        words = [cwd or ".", stage, str(len(files_bundle)), "1" if make_stage else "0", *args]
+        spec = " ".join(w.encode("utf-8", "surrogateescape").hex() for w in words).encode()
+        stream = SSHExecStream(standby.channel, self.settings.login, standby.release)
+        try:
+            await stream.send(b"%08x" % len(spec) + spec + files_bundle)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            log.info("the standby relay on %s is gone (%s): starting one", self.settings.login, exc)
+            await stream.aclose()
+            return None
+        return stream
+
     # -- processes -------------------------------------------------------------------------
 
     def command_line(
@@ -305,6 +390,19 @@ class SSHEnvironment(ExecStreamEnvironment):
                 f"could not start {argv[0]!r} on {config.login}: {exc or type(exc).__name__}"
             ) from exc
         return SSHExecStream(channel, config.login, lambda: share.release_channel(conn))
+
+
+@functools.cache
+def _relay_files() -> dict[str, bytes]:
+    """The relay's files: its source, and its code as this Python compiled it."""
+    code_name, code = relay_code_file()
+    return {RELAY_MODULE: relay_source().encode(), code_name: code}
+
+
+@functools.cache
+def _standby_preload() -> bytes:
+    """What a standby relay loads before its run: the relay and its codec."""
+    return bundle_files({**_relay_files(), CODEC_MODULE: codec_source().encode()})
 
 
 __all__ = [

@@ -42,6 +42,9 @@ class SSHSettings(BackendSettings):
     scratch_dir: str = "/tmp"  # where each run's private stage directory is made
     max_sessions: int = OPENSSH_MAX_SESSIONS  # channels per connection (sshd's MaxSessions)
     idle_timeout: float = 30.0  # seconds a connection stays open after its last user
+    # Keep a relay started ahead on each pooled connection (after the first relayed
+    # run), so the next run does not wait for its Python to start.
+    standby_relay: bool = True
 
     def check(self) -> None:
         for name in ("host", "python", "known_hosts", "scratch_dir"):

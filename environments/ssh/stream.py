@@ -97,6 +97,19 @@ class SSHExecStream(ExecStream):
         self._on_end: Callable[[Exception | None], None] | None = None
         self._paused = False
 
+    def then_release(self, after: Callable[[], None]) -> None:
+        """Call ``after`` (blocking, from a worker thread) once the stream is closed and
+        its channel given back to the pool."""
+        release = self._release
+
+        def release_then() -> None:
+            try:
+                release()
+            finally:
+                after()
+
+        self._release = release_then
+
     # -- read from the loop's reader callback (asyncio) ---------------------------------
 
     def read_in_loop(
