@@ -332,6 +332,10 @@ class LeaderFollowers:
             self._finished = True
             self._release()
         self._call_soon(self.ended.set)
+        # No thread is left to read: shut() after this is a no-op, and the end of a
+        # run, which waits for the readers after a source ended by itself, must not
+        # wait out its bound.
+        self._call_soon(self.readers_gone.set)
 
 
 class _HandOffWatch:

@@ -651,6 +651,26 @@ async def test_connections_over_the_limit_are_refused(socket_dir: str) -> None:
             assert assert_result(reply, 5) == {}
 
 
+@pytest.mark.anyio
+async def test_leaving_waits_for_no_reader_of_a_connection_that_ended_by_itself(
+    socket_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection its client closed has no reading thread left, so leaving the
+    socket's context does not wait out the bound on the readers' exit (it once did: 2 s
+    more at the end of every run that made a call over the unix transport)."""
+    bound = 4 * REPLY_TIMEOUT
+    monkeypatch.setattr(rpc_unix, "_READERS_EXIT_SECONDS", bound)
+    server = RPCServer(TestHandler(), token=TOKEN)
+    with anyio.fail_after(bound / 2):  # waiting out the bound fails here, not a hang
+        async with serve_unix_socket(server, os.path.join(socket_dir, "rpc.sock")) as path:
+            async with raw_client(path) as client:
+                assert assert_result(await client.call(request(1)), 1) == {}
+            # The server's threads see the client's end outside the loop: nothing to
+            # wait on but time.
+            while server.connections:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+
+
 # -- decoding the arguments at bounded cost (issue #11) --------------------------------
 
 

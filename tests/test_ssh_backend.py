@@ -142,11 +142,33 @@ def sshd() -> Iterator[Server]:
 
 
 def user_processes(server: Server, *, standbys: bool = False) -> dict[int, str]:
-    """Live processes of the test user other than sshd's own (a pooled connection
-    keeps an ``sshd: user@notty`` process) and, unless ``standbys``, the relays the
-    pool keeps started ahead of a run (``hermes-standby``: they go with the pool;
-    test_a_standby_relay_goes_with_its_connection)."""
-    found = {}
+    """Live processes of the test user that this test may have left (pid: command
+    line); see :func:`processes_by_owner`."""
+    return processes_by_owner(server, standbys=standbys)[0]
+
+
+def processes_by_owner(
+    server: Server, *, standbys: bool = False
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Live processes of the test user, but sshd's own (a pooled connection keeps an
+    ``sshd: user@notty`` process) and, unless ``standbys``, the relays the pool keeps
+    started ahead of a run (``hermes-standby``: they go with the pool;
+    test_a_standby_relay_goes_with_its_connection), as (pid: command line) of those
+    this test may have left, and of another client's.
+
+    Other sessions on this machine (a benchmark, another suite) log in as the same user
+    at the same time. Every process of a login carries the login's client address in
+    ``SSH_CLIENT`` (sshd sets it; the relay passes it on to the script), so a process
+    whose client port a live process outside this process's tree holds is theirs: a
+    test neither counts nor kills it. What has no live client counts, an orphan whose
+    host died included."""
+    ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
+    clients = {
+        c.laddr.port: c.pid
+        for c in psutil.net_connections("tcp")
+        if c.raddr and c.raddr.port == server.port and c.pid is not None
+    }
+    mine, theirs = {}, {}
     for process in psutil.process_iter(["username", "name", "cmdline", "status"]):
         info = process.info
         if info["username"] != server.user or info["status"] == psutil.STATUS_ZOMBIE:
@@ -155,12 +177,21 @@ def user_processes(server: Server, *, standbys: bool = False) -> dict[int, str]:
             continue
         if info["name"] == STANDBY_NAME and not standbys:
             continue
-        found[process.pid] = " ".join(info["cmdline"] or [info["name"] or "?"])
-    return found
+        try:
+            with open(f"/proc/{process.pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        ports = [entry.split()[1] for entry in entries if entry.startswith(b"SSH_CLIENT=")]
+        client = clients.get(int(ports[0])) if ports and ports[0].isdigit() else None
+        command = " ".join(info["cmdline"] or [info["name"] or "?"])
+        (theirs if client is not None and client not in ours else mine)[process.pid] = command
+    return mine, theirs
 
 
 def stage_dirs(server: Server) -> set[str]:
-    """The test user's stage directories in /tmp."""
+    """The test user's stage directories in /tmp, but those another client's live run
+    names on a command line (its relay's stage, a session's workspace)."""
     found = set()
     for entry in os.scandir("/tmp"):
         try:
@@ -171,7 +202,8 @@ def stage_dirs(server: Server) -> set[str]:
                 found.add(entry.path)
         except OSError:
             continue
-    return found
+    theirs = processes_by_owner(server)[1].values()
+    return found - {word for command in theirs for word in command.split()}
 
 
 @pytest.fixture
@@ -824,6 +856,69 @@ def test_token_is_on_no_remote_command_line(server: Server) -> None:
     assert not [line for line in sampled if token.group(1).encode() in line]
 
 
+# Another client of the test server: runs a script that writes "PID STAGE" to MARKS/pid
+# and waits for MARKS/go, then writes the run's status to MARKS/status. With DETACH 1
+# it first forks and its parent exits, so it runs outside the test's process tree.
+OTHER_CLIENT = """
+import json, os, sys
+options, marks, detach = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+if detach and os.fork():
+    os._exit(0)
+from hermes_sandbox import execute_code
+code = '''
+import os, time
+marks = os.environ["MARKS"]
+with open(marks + "/pid", "w") as f:
+    f.write("%d %s" % (os.getpid(), os.path.dirname(os.path.abspath(__file__))))
+end = time.monotonic() + 30
+while not os.path.exists(marks + "/go") and time.monotonic() < end:
+    time.sleep(0.02)
+'''
+result = execute_code(
+    code, backend="ssh", backend_options=options, env={"MARKS": marks}, timeout=40
+)
+with open(marks + "/status", "w") as f:
+    f.write(result.status + " " + result.output[-500:])
+"""
+
+
+def test_the_server_check_counts_this_tests_processes_not_another_clients(
+    server: Server,
+) -> None:
+    """Other sessions on this machine log in as the test user too (a benchmark, another
+    suite): the ``server`` fixture neither counts nor kills their runs, nor their
+    stages (it once failed a test with another session's relay and script, and killed
+    them), and still counts this test's own."""
+    marks = shared_tmp(server)
+    options = json.dumps(server.options())
+    clients = {"detached": "1", "own": "0"}  # detached: outside this process's tree
+    hosts = []
+    try:
+        for name, detach in clients.items():
+            (marks / name).mkdir(mode=0o777)
+            (marks / name).chmod(0o777)
+            argv = [sys.executable, "-c", OTHER_CLIENT, options, str(marks / name), detach]
+            hosts.append(subprocess.Popen(argv))
+        started = {name: wait_for_file(marks / name / "pid").split() for name in clients}
+        pids = {name: int(pid) for name, (pid, _) in started.items()}
+        stages = {name: stage for name, (_, stage) in started.items()}
+        mine, theirs = processes_by_owner(server)
+        assert pids["detached"] in theirs, (mine, theirs)
+        assert pids["own"] in mine and pids["own"] not in theirs, (mine, theirs)
+        assert set(user_processes(server)) == set(mine)
+        found = stage_dirs(server)
+        assert stages["own"] in found
+        assert stages["detached"] not in found, found
+    finally:
+        for name in clients:
+            (marks / name / "go").touch()
+        for host in hosts:
+            host.wait(SETTLE_SECONDS)
+        statuses = {name: wait_for_file(marks / name / "status") for name in clients}
+        shutil.rmtree(marks, ignore_errors=True)
+    assert all(status.startswith("success") for status in statuses.values()), statuses
+
+
 def test_nothing_is_left_behind(server: Server) -> None:
     """A script that leaves a detached process behind and exits: the relay kills it,
     the stage directory goes; the ``server`` fixture checks for the rest."""
@@ -883,8 +978,10 @@ def test_a_run_is_one_exec_that_makes_and_removes_its_stage(
     ("code", "status"),
     [
         ("raise SystemExit(3)", "error"),  # the relay removes the stage and says so
-        # The relay killed: it reports nothing, so the host removes the stage itself.
-        ("import os, signal, time; os.kill(os.getppid(), signal.SIGKILL); time.sleep(5)", None),
+        # The relay killed: it reports nothing, so the host removes the stage itself. The
+        # script outlives its relay, out of the runner's reach (docs/security.md, "Known
+        # limits"), for a second: the server fixture waits for it to end.
+        ("import os, signal, time; os.kill(os.getppid(), signal.SIGKILL); time.sleep(1)", None),
     ],
 )
 def test_no_stage_is_left_behind_whoever_ends_the_run(
