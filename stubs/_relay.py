@@ -240,6 +240,22 @@ class _Conn(object):
         self.closing = False  # the host closed it: close once out is written
 
 
+def _program(name, env):
+    """The file ``os.execvpe(name, ..., env)`` would run, found before the fork (in the
+    child, execvpe's lookup imports warnings, which searches the stage first, and
+    tries each directory of the path in turn); None when the child must look itself
+    (a relative directory in the path, which the child's working directory decides)."""
+    if os.sep in name:
+        return name
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        if not directory.startswith(os.sep):
+            return None
+        candidate = os.path.join(directory, name)
+        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
 class _Child(object):
     """The script, started as ``subprocess.Popen`` would (a new session, stdin from a
     file or /dev/null, stdout and stderr pipes, no other descriptor, SIGPIPE and
@@ -247,6 +263,7 @@ class _Child(object):
     locale and re) was the largest part of the relay's start."""
 
     def __init__(self, argv, env, cwd, stdin_fd):
+        program = _program(argv[0], env)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         check_r, check_w = os.pipe()  # closed by the exec; else carries the reason
@@ -263,6 +280,11 @@ class _Child(object):
                         signal.signal(getattr(signal, number), signal.SIG_DFL)
                 if cwd:
                     os.chdir(cwd)
+                if program is not None:
+                    try:
+                        os.execve(program, argv, env)
+                    except OSError:
+                        pass  # as execvpe would, try the path's other directories
                 os.execvpe(argv[0], argv, env)
             except BaseException as exc:
                 try:
@@ -767,6 +789,10 @@ def main():
     sys.stdout = sys.stderr
     stage, remove_after, also = _parse(sys.argv[1:])
     Relay(0, channel_out, stage, remove_after, also).run()
+    # Everything is said and done: no interpreter teardown (its time would be taken
+    # from the host's end of the run on a small machine).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _parse(args):

@@ -288,11 +288,15 @@ class SSHExecStream(ExecStream):
             if on_end is not None:
                 on_end(None)  # as receive's ClosedResourceError ends a reader
             self._wakeup.close()
-            try:
-                await anyio.to_thread.run_sync(self._channel.close)
-            except (OSError, EOFError, paramiko.SSHException) as exc:
-                log.debug("closing an ssh channel: %s", exc)
-            await anyio.to_thread.run_sync(self._release)
+            await anyio.to_thread.run_sync(self._close_and_release)
+
+    def _close_and_release(self) -> None:
+        """Close the channel and give its slot back (blocking: one thread hop for both)."""
+        try:
+            self._channel.close()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            log.debug("closing an ssh channel: %s", exc)
+        self._release()
 
 
 __all__ = ["SSHExecStream"]
