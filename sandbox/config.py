@@ -33,18 +33,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hermes_sandbox.allowlist import ALLOWLIST_REGEX_PREFIX
 from hermes_sandbox.environments import BACKENDS, BackendSettings, get_settings_class
 from hermes_sandbox.environments.settings import Place, config_place
 from hermes_sandbox.errors import ConfigError
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION
-from hermes_sandbox.tools.approval import ALLOWLIST_REGEX_PREFIX
 
 if TYPE_CHECKING:  # PyYAML is imported when a config file is read
     import yaml
@@ -303,6 +302,8 @@ def add_to_allowlist(path: str, pattern: str) -> None:
     temp = None
     try:
         os.makedirs(directory, exist_ok=True)
+        import tempfile
+
         fd, temp = tempfile.mkstemp(prefix=".config-", suffix=".yaml.tmp", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             yaml.safe_dump(data, f, sort_keys=False)
