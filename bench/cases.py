@@ -427,6 +427,17 @@ def build_cases(settings: Settings) -> list[Case]:
             params={"backend": "local", "command_line": True},
         )
     )
+    cases.append(
+        Case(
+            id="cold.cli.session",
+            section="cold",
+            label="hermes-sandbox run --session print(1), warm session / local",
+            measure=partial(subject.run_cli_session, s.cold_runs),
+            summarize=_summarize_cold,
+            rounds=s.cold_rounds,
+            params={"backend": "local", "command_line": True, "session": True},
+        )
+    )
     start_floors = (
         (docker, "docker run --rm IMAGE python3 -c 1", partial(streams.docker_run)),
         (
