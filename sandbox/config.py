@@ -274,6 +274,8 @@ def add_to_allowlist(path: str, pattern: str) -> None:
     provider keys. Raises :class:`ConfigError` when the file cannot be read, parsed or
     written.
     """
+    import tempfile  # here only: reading a config file writes none
+
     import yaml
 
     try:
@@ -302,8 +304,6 @@ def add_to_allowlist(path: str, pattern: str) -> None:
     temp = None
     try:
         os.makedirs(directory, exist_ok=True)
-        import tempfile
-
         fd, temp = tempfile.mkstemp(prefix=".config-", suffix=".yaml.tmp", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             yaml.safe_dump(data, f, sort_keys=False)
