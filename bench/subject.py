@@ -30,6 +30,7 @@ import psutil
 from bench.workload import BLOB_SCHEMA, ECHO_SCHEMA, blob_tool, call_spec, echo_tool
 from hermes_sandbox import ExecutionResult, RunError, Session, execute_code, execute_code_async
 from hermes_sandbox.environments import BackendError
+from hermes_sandbox.sessions_wire import DIR_VARIABLE, SOCKET_NAME
 from hermes_sandbox.tools.registry import ToolRegistry
 
 BENCH_TOOLS = ("echo", "pecho", "blob")
@@ -250,7 +251,7 @@ def run_cli_session(runs: int) -> dict[str, Any]:
     removes the session); the first, untimed run makes the session."""
     directory = tempfile.mkdtemp(prefix="hermes-bench-sessions-")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["HERMES_SANDBOX_SESSIONS_DIR"] = directory
+    env[DIR_VARIABLE] = directory
     daemon = subprocess.Popen(
         [sys.executable, "-m", "hermes_sandbox.named_sessions", "serve", directory],
         env=env,
@@ -259,6 +260,12 @@ def run_cli_session(runs: int) -> dict[str, Any]:
         stderr=subprocess.DEVNULL,
     )
     try:
+        # Ready before the first run, or that run would start a daemon of its own.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(directory, SOCKET_NAME)):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the sessions daemon did not start in {directory}")
+            time.sleep(0.01)
         return _run_cli_beside_bare(runs, env, "--session", "bench")
     finally:
         daemon.terminate()

@@ -27,19 +27,10 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from hermes_sandbox import sessions_wire as wire
 from hermes_sandbox.errors import SandboxError
 from hermes_sandbox.session import AsyncSession
-from hermes_sandbox.sessions_wire import (
-    HEADER,
-    LOCK_NAME,
-    MAX_MESSAGE,
-    SOCKET_NAME,
-    SessionsError,
-    decode,
-    encode,
-    private_dir,
-    sessions_dir,
-)
+from hermes_sandbox.sessions_wire import SessionsError, sessions_dir
 from hermes_sandbox.tools.approval import ApprovalPolicy
 
 LINGER = 600.0  # seconds the daemon stays with no session before it exits
@@ -49,12 +40,12 @@ log = logging.getLogger(__name__)
 async def _receive(stream: anyio.abc.ByteStream) -> dict[str, Any] | None:
     buffered = BufferedByteReceiveStream(stream)
     try:
-        (size,) = HEADER.unpack(await buffered.receive_exactly(HEADER.size))
+        (size,) = wire.HEADER.unpack(await buffered.receive_exactly(wire.HEADER.size))
     except (anyio.EndOfStream, anyio.IncompleteRead):
         return None
-    if size > MAX_MESSAGE:
+    if size > wire.MAX_MESSAGE:
         raise ValueError(f"a message of {size} bytes is over the limit")
-    return decode(await buffered.receive_exactly(size))
+    return wire.decode(await buffered.receive_exactly(size))
 
 
 # -- the daemon ---------------------------------------------------------------------------
@@ -116,7 +107,7 @@ class _Daemon:
                     answer = {"ok": True, **await self._answer(request)}
                 except (SandboxError, ValueError, TypeError, KeyError) as exc:
                     answer = {"ok": False, "error": str(exc)}
-                await stream.send(encode(answer))
+                await stream.send(wire.encode(answer))
             finally:
                 self._connections -= 1
                 self._empty_since = time.monotonic()
@@ -212,8 +203,8 @@ class _Daemon:
 def _take_lock(directory: str) -> Any:
     """The daemon lock of ``directory`` (an open file, held until closed), or None
     when another daemon holds it."""
-    private_dir(directory)
-    lock = open(os.path.join(directory, LOCK_NAME), "a")  # noqa: SIM115 - held while serving
+    wire.private_dir(directory)
+    lock = open(os.path.join(directory, wire.LOCK_NAME), "a")  # noqa: SIM115 - held while serving
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -227,7 +218,7 @@ async def serve(directory: str, linger: float = LINGER) -> None:
     SIGTERM/SIGINT. The caller holds the directory's lock (:func:`_take_lock`)."""
     import signal
 
-    path = os.path.join(directory, SOCKET_NAME)
+    path = os.path.join(directory, wire.SOCKET_NAME)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     old_umask = os.umask(0o177)
