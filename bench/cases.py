@@ -416,17 +416,29 @@ def build_cases(settings: Settings) -> list[Case]:
                     params={"backend": b.name},
                 )
             )
-    cases.append(
-        Case(
-            id="cold.cli.local",
-            section="cold",
-            label="hermes-sandbox run print(1) / local",
-            measure=partial(subject.run_cli_cold, s.cold_runs),
-            summarize=_summarize_cold,
-            rounds=s.cold_rounds,
-            params={"backend": "local", "command_line": True},
-        )
+    # The command line, a new process each time: a run in it, and a run it sends to a
+    # warm named session.
+    command_lines = (
+        ("local", "hermes-sandbox run print(1) / local", subject.run_cli_cold, {}),
+        (
+            "session",
+            "hermes-sandbox run --session print(1), warm session / local",
+            subject.run_cli_session,
+            {"session": True},
+        ),
     )
+    for name, label, measure, extra in command_lines:
+        cases.append(
+            Case(
+                id=f"cold.cli.{name}",
+                section="cold",
+                label=label,
+                measure=partial(measure, s.cold_runs),
+                summarize=_summarize_cold,
+                rounds=s.cold_rounds,
+                params={"backend": "local", "command_line": True, **extra},
+            )
+        )
     start_floors = (
         (docker, "docker run --rm IMAGE python3 -c 1", partial(streams.docker_run)),
         (

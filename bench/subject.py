@@ -30,6 +30,7 @@ import psutil
 from bench.workload import BLOB_SCHEMA, ECHO_SCHEMA, blob_tool, call_spec, echo_tool
 from hermes_sandbox import ExecutionResult, RunError, Session, execute_code, execute_code_async
 from hermes_sandbox.environments import BackendError
+from hermes_sandbox.sessions_wire import DIR_VARIABLE, SOCKET_NAME
 from hermes_sandbox.tools.registry import ToolRegistry
 
 BENCH_TOOLS = ("echo", "pecho", "blob")
@@ -226,23 +227,60 @@ def _standby_settle(run_options: Mapping[str, Any]) -> Callable[[], None] | None
     return settle
 
 
-def cli_argv(script: str) -> list[str]:
-    """``hermes-sandbox run SCRIPT``: the installed console script when it sits beside
-    this interpreter, else ``python -m hermes_sandbox``."""
+def cli_argv(script: str, *options: str) -> list[str]:
+    """``hermes-sandbox run [OPTIONS] SCRIPT``: the installed console script when it sits
+    beside this interpreter, else ``python -m hermes_sandbox``."""
     console = Path(sys.executable).with_name("hermes-sandbox")
     if console.is_file() and os.access(console, os.X_OK):
-        return [str(console), "run", script]
-    return [sys.executable, "-m", "hermes_sandbox", "run", script]
+        return [str(console), "run", *options, script]
+    return [sys.executable, "-m", "hermes_sandbox", "run", *options, script]
 
 
 def run_cli_cold(runs: int) -> dict[str, Any]:
     """``hermes-sandbox run`` of a file holding ``print(1)`` (the local backend, a new
     process each time) and a bare interpreter, interleaved. The CLI gets its bytecode
     written (PYTHONDONTWRITEBYTECODE dropped), as an installed package has it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return _run_cli_beside_bare(runs, env)
+
+
+def run_cli_session(runs: int) -> dict[str, Any]:
+    """``hermes-sandbox run --session`` of ``print(1)`` in a warm named session and a bare
+    interpreter, interleaved, as :func:`run_cli_cold`. The sessions daemon is this
+    function's own, in a directory of its own, and stopped at the end (its SIGTERM
+    removes the session); the first, untimed run makes the session."""
+    directory = tempfile.mkdtemp(prefix="hermes-bench-sessions-")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env[DIR_VARIABLE] = directory
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "hermes_sandbox.named_sessions", "serve", directory],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # Ready before the first run, or that run would start a daemon of its own.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(directory, SOCKET_NAME)):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the sessions daemon did not start in {directory}")
+            time.sleep(0.01)
+        return _run_cli_beside_bare(runs, env, "--session", "bench")
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _run_cli_beside_bare(runs: int, env: Mapping[str, str], *options: str) -> dict[str, Any]:
     script = Path(_spill_dir()) / "print1.py"
     script.write_text("print(1)\n", encoding="utf-8")
-    argv = cli_argv(str(script))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    argv = cli_argv(str(script), *options)
 
     def cli() -> None:
         done = subprocess.run(argv, capture_output=True, env=env, check=False)
@@ -254,7 +292,7 @@ def run_cli_cold(runs: int) -> dict[str, Any]:
                 f"{done.stderr.decode(errors='replace')[-2000:]}"
             )
 
-    cli()  # untimed: writes the bytecode once
+    cli()  # untimed: writes the bytecode once (and makes the session)
     figures = _interleave_with_bare(cli, runs)
     figures["cli_argv"] = argv
     return figures

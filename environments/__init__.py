@@ -12,31 +12,40 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from hermes_sandbox.environments.base import (
-    CommandResult,
-    Environment,
-    ExecStream,
-    FileStat,
-    Runtime,
-    SandboxProcess,
-)
 from hermes_sandbox.environments.errors import BackendError, BackendNotAvailable, EnvironmentFailure
-from hermes_sandbox.environments.local import LocalSettings
 from hermes_sandbox.environments.settings import BackendSettings
 from hermes_sandbox.lazy import lazy_names
 
 if TYPE_CHECKING:
+    from hermes_sandbox.environments.base import (
+        CommandResult,
+        Environment,
+        ExecStream,
+        FileStat,
+        Runtime,
+        SandboxProcess,
+    )
     from hermes_sandbox.environments.daytona.settings import DaytonaSettings
     from hermes_sandbox.environments.docker.settings import DockerSettings
     from hermes_sandbox.environments.exec_stream import ExecStreamEnvironment
+    from hermes_sandbox.environments.local_settings import LocalSettings
     from hermes_sandbox.environments.modal.settings import ModalSettings
     from hermes_sandbox.environments.singularity.settings import SingularitySettings
     from hermes_sandbox.environments.ssh.settings import SSHSettings
 
-# The other backends' settings classes, imported at first use (PEP 562): a run on one
-# backend does not import the others' modules. ExecStreamEnvironment too: the local
-# backend spawns its scripts itself.
+# Imported at first use (PEP 562): the seam itself (base, with the event loop), so that
+# reading settings (the command line sending a run to the sessions daemon) imports no
+# backend; the backends' settings classes, so that a run on one backend does not import
+# the others' modules; ExecStreamEnvironment, since the local backend spawns its
+# scripts itself.
 _LAZY_NAMES = {
+    "CommandResult": "hermes_sandbox.environments.base",
+    "Environment": "hermes_sandbox.environments.base",
+    "ExecStream": "hermes_sandbox.environments.base",
+    "FileStat": "hermes_sandbox.environments.base",
+    "Runtime": "hermes_sandbox.environments.base",
+    "SandboxProcess": "hermes_sandbox.environments.base",
+    "LocalSettings": "hermes_sandbox.environments.local_settings",
     "ExecStreamEnvironment": "hermes_sandbox.environments.exec_stream",
     "DaytonaSettings": "hermes_sandbox.environments.daytona.settings",
     "DockerSettings": "hermes_sandbox.environments.docker.settings",
@@ -57,6 +66,19 @@ BACKENDS: dict[str, str] = {
     "singularity": "hermes_sandbox.environments.singularity.environment:SingularityEnvironment",
     "modal": "hermes_sandbox.environments.modal.environment:ModalEnvironment",
     "daytona": "hermes_sandbox.environments.daytona.environment:DaytonaEnvironment",
+}
+
+
+# name -> "module:Class" of its settings, where they can be imported without the
+# environment (tests/test_backend_settings.py holds each equal to its environment's
+# settings_class). A backend not here (register_backend) is found through its environment.
+BACKEND_SETTINGS: dict[str, str] = {
+    "local": "hermes_sandbox.environments.local_settings:LocalSettings",
+    "docker": "hermes_sandbox.environments.docker.settings:DockerSettings",
+    "ssh": "hermes_sandbox.environments.ssh.settings:SSHSettings",
+    "singularity": "hermes_sandbox.environments.singularity.settings:SingularitySettings",
+    "modal": "hermes_sandbox.environments.modal.settings:ModalSettings",
+    "daytona": "hermes_sandbox.environments.daytona.settings:DaytonaSettings",
 }
 
 
@@ -94,11 +116,17 @@ def get_environment_class(name: str) -> type[Environment]:
 
 def get_settings_class(name: str) -> type[BackendSettings]:
     """The settings class of a backend name; raise BackendNotAvailable if unknown."""
-    return get_environment_class(name).settings_class
+    target = BACKEND_SETTINGS.get(name) if name in BACKENDS else None
+    if target is None:
+        return get_environment_class(name).settings_class
+    module_name, _, class_name = target.partition(":")
+    cls: type[BackendSettings] = getattr(importlib.import_module(module_name), class_name)
+    return cls
 
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_SETTINGS",
     "BackendError",
     "BackendNotAvailable",
     "BackendSettings",

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from hermes_sandbox.environments import bwrap_cache
+from hermes_sandbox.environments.local_settings import ISOLATION_MODES
 from hermes_sandbox.errors import BackendNotAvailable, SettingError
 
 if TYPE_CHECKING:
-    from hermes_sandbox.environments.local import LocalSettings
+    from hermes_sandbox.environments.local_settings import LocalSettings
 
-ISOLATION_MODES = ("auto", "bwrap", "none")
 ISOLATION_VARIABLE = "HERMES_SANDBOX_ISOLATION"
 BWRAP = "bwrap"
 _PROBE_TIMEOUT = 30.0

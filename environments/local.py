@@ -31,8 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar, Self
+from typing import Any, BinaryIO, Self
 
 import anyio
 import anyio.abc
@@ -52,15 +51,12 @@ from hermes_sandbox.environments.base import (
 from hermes_sandbox.environments.capture import HeadTailBuffer
 from hermes_sandbox.environments.errors import EnvironmentFailure
 from hermes_sandbox.environments.isolation import (
-    ISOLATION_MODES,
     Isolation,
     choose_isolation,
-    describe_isolation,
     forget_bwrap_probe,
 )
 from hermes_sandbox.environments.keeper import keeper
-from hermes_sandbox.environments.settings import BackendSettings
-from hermes_sandbox.errors import SandboxError
+from hermes_sandbox.environments.local_settings import LocalSettings
 from hermes_sandbox.stubs import _proctree
 from hermes_sandbox.threads import kill_limiter, tool_limiter
 
@@ -91,42 +87,6 @@ def kill_tree_blocking(root: int, grace: float, *, include_root: bool) -> None:
     """Kill every process below ``root`` (and ``root``, if asked): SIGTERM, ``grace``
     seconds, then SIGKILL until none is left. Blocking: call it through a thread."""
     _proctree.kill_tree(root, grace, include_root=include_root)
-
-
-@dataclass(frozen=True, slots=True)
-class LocalSettings(BackendSettings):
-    """Settings of the local backend: this machine, as this user."""
-
-    backend: ClassVar[str] = "local"
-    without_image: ClassVar[str] = "it runs on this machine as it is"
-    network_setting: ClassVar[tuple[str, Any] | None] = ("network", True)
-    isolation_field: ClassVar[str | None] = "isolation"
-
-    python: str | None = None  # the interpreter scripts run with; None: this process's
-    # auto, bwrap or none (environments/isolation.py); None: $HERMES_SANDBOX_ISOLATION,
-    # else auto.
-    isolation: str | None = None
-    network: bool = False  # the host's network under bwrap (without it, there is no other)
-
-    def check(self) -> None:
-        if self.python is not None:
-            if not self.python:
-                raise ValueError("python must be a command name or a path, not empty")
-            object.__setattr__(self, "python", os.path.expanduser(self.python))
-        if self.isolation is not None and self.isolation not in ISOLATION_MODES:
-            raise ValueError(
-                f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {self.isolation!r}"
-            )
-
-    def availability(self) -> str | None:
-        try:
-            choose_isolation(self)
-        except SandboxError as exc:  # bwrap asked for and not working, a bad variable
-            return str(exc)
-        return None
-
-    def details(self) -> dict[str, str]:
-        return {"isolation": describe_isolation(self)}
 
 
 class LocalEnvironment(Environment, Runtime):

@@ -28,14 +28,11 @@ from typing import Any, Protocol
 
 import msgpack
 
+from hermes_sandbox.rpc import DEFAULT_MAX_FRAME_SIZE
 from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError, FrameTooLarge
 
 HEADER = struct.Struct(">I")
 HEADER_SIZE = HEADER.size
-# Requests are small: large results travel host -> script, and a request's biggest
-# payload is write_file's content. Everything a peer sends before its token is
-# checked is bounded by this (docs/protocol.md section 2, docs/security.md).
-DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 _RECEIVE_CHUNK = 256 * 1024
 
 _packer_options = {"use_bin_type": True}

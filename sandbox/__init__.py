@@ -54,7 +54,7 @@ _LAZY = {
     "OpenAIChatLoop": "hermes_sandbox.openai_loop",
     "ExecutionResult": "hermes_sandbox.result",
     "RunError": "hermes_sandbox.runner",
-    "RunOptions": "hermes_sandbox.runner",
+    "RunOptions": "hermes_sandbox.options",
     "run_code": "hermes_sandbox.runner",
     "AsyncSession": "hermes_sandbox.session",
     "Session": "hermes_sandbox.session",
@@ -92,8 +92,9 @@ if TYPE_CHECKING:
     from hermes_sandbox.execute_code_tool import register_execute_code
     from hermes_sandbox.gate import Budget, ToolCallBudget
     from hermes_sandbox.openai_loop import OpenAIChatLoop
+    from hermes_sandbox.options import RunOptions
     from hermes_sandbox.result import ExecutionResult
-    from hermes_sandbox.runner import RunError, RunOptions, run_code
+    from hermes_sandbox.runner import RunError, run_code
     from hermes_sandbox.session import AsyncSession, Session
     from hermes_sandbox.tools.approval import ApprovalPolicy
     from hermes_sandbox.tools.decorator import tool

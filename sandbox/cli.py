@@ -11,36 +11,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import os
-import selectors
-import signal
 import stat
 import sys
-import termios
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TextIO
-
-import anyio
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from hermes_sandbox import __version__
 from hermes_sandbox.config import Config, ConfigError, add_to_allowlist, default_path, load_config
 from hermes_sandbox.environments import BACKENDS, get_settings_class
 from hermes_sandbox.environments.settings import PROGRESS_LOGGER
 from hermes_sandbox.errors import SandboxError, UsageError
+from hermes_sandbox.options import RunOptions
 from hermes_sandbox.output import spill_notice
 from hermes_sandbox.result import INTERRUPTED_EXIT_CODE, TIMEOUT_EXIT_CODE, ExecutionResult
-from hermes_sandbox.runner import RunOptions, resolve_tools, run_code
-from hermes_sandbox.stubs import generate_stub
-from hermes_sandbox.tools import (
-    load_builtin_tools,
-    load_tools,
-    registry,
-    tools_for_run,
-)
-from hermes_sandbox.tools.approval import Approval, ApprovalPolicy
 from hermes_sandbox.transports import TRANSPORTS
+
+# What only a run in this process needs (the runner, the event loop, the tools, the
+# approval prompt) is imported where it is used: a `run --session` sends its script to
+# the sessions daemon with none of it (tests/test_startup.py holds them out).
+if TYPE_CHECKING:
+    import anyio
+
+    from hermes_sandbox.tools.approval import Approval, ApprovalPolicy
 
 USAGE_ERROR = 2
 # Commands whose parser needs nothing beyond this module: a command line naming one of
@@ -102,6 +96,8 @@ def _read_stdin(fd: int, timeout: float) -> bytes:
 
     Raises _StdinStillOpen when the writer keeps it open past the timeout, UsageError
     when it holds too much."""
+    import selectors
+
     deadline = time.monotonic() + timeout
     waits = not stat.S_ISREG(os.fstat(fd).st_mode)  # a file is always readable
     chunks: list[bytes] = []
@@ -146,16 +142,20 @@ def _read_script(path: str) -> str:
 
 
 def _load_tools(modules: Sequence[str]) -> None:
+    from hermes_sandbox.tools import load_builtin_tools, load_tools
+
     load_builtin_tools()
     for spec in modules:
         load_tools(spec)
 
 
-def _prepare(args: argparse.Namespace) -> Config:
-    """Read the config file, export its provider settings, load the tools; the config."""
+def _prepare(args: argparse.Namespace, *, load_tools: bool = True) -> Config:
+    """Read the config file, export its provider settings, load the tools (unless not
+    ``load_tools``); the config."""
     config = load_config(args.config)
     config.apply_providers()  # before the tools load: web tools look for their provider
-    _load_tools(args.tools_module)
+    if load_tools:
+        _load_tools(args.tools_module)
     return config
 
 
@@ -170,21 +170,28 @@ def _selected_tools(args: argparse.Namespace, config: Config) -> list[str] | Non
         tools, toolsets = config.tools, config.toolsets
     else:
         tools, toolsets = _split_list(args.tools), _split_list(args.toolsets)
+    if tools is None and toolsets is None:
+        return None  # the run's default set: nothing to resolve, no tools to import
+    from hermes_sandbox.tools import load_builtin_tools, registry, tools_for_run
+
+    if toolsets is not None:
+        load_builtin_tools()  # its members are looked up (loaded already, but for --session)
     return tools_for_run(tools, toolsets, registry)
 
 
 # -- approvals ---------------------------------------------------------------------------
 
+# Each answer -> the value of its tools.approval.Approval.
 _ANSWERS = {
-    "o": Approval.ONCE,
-    "once": Approval.ONCE,
-    "s": Approval.SESSION,
-    "session": Approval.SESSION,
-    "a": Approval.ALWAYS,
-    "always": Approval.ALWAYS,
-    "": Approval.DENY,
-    "n": Approval.DENY,
-    "no": Approval.DENY,
+    "o": "once",
+    "once": "once",
+    "s": "session",
+    "session": "session",
+    "a": "always",
+    "always": "always",
+    "": "deny",
+    "n": "deny",
+    "no": "deny",
 }
 PROMPT = "Allow it? [o]nce, [s]ession, [a]lways, [N]o: "
 
@@ -212,6 +219,12 @@ class TerminalPrompt:
         self._lock: anyio.Lock | None = None
 
     async def __call__(self, command: str, reasons: list[str]) -> Approval:
+        import termios
+
+        import anyio
+
+        from hermes_sandbox.tools.approval import Approval
+
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:
@@ -232,7 +245,7 @@ class TerminalPrompt:
                     return Approval.DENY
                 answer = _ANSWERS.get(line.strip().lower())
                 if answer is not None:
-                    return answer
+                    return Approval(answer)
                 self._write("Please answer o, s, a or n.\n")
 
     def _write(self, text: str) -> None:
@@ -240,6 +253,8 @@ class TerminalPrompt:
         self._stderr.flush()
 
     async def _read_line(self) -> str | None:
+        import anyio
+
         try:
             await anyio.wait_readable(self._fd)
         except anyio.get_cancelled_exc_class():
@@ -262,14 +277,23 @@ def _can_prompt(args: argparse.Namespace) -> bool:
         return False
 
 
-def _approval_policy(args: argparse.Namespace, config: Config) -> ApprovalPolicy:
+def _approval_policy(
+    args: argparse.Namespace, config: Config, *, for_run: bool = True
+) -> ApprovalPolicy | None:
     """The run's one policy: the config's allowlist and --allow-command entries; asks at
-    the terminal when there is one, else refuses; "always" answers saved to the file."""
+    the terminal when there is one, else refuses; "always" answers saved to the file.
+
+    Not ``for_run`` (a --session run, whose policy the daemon holds): only the
+    --allow-command entries are checked, and None is the answer."""
+    if args.allow_command or for_run:
+        from hermes_sandbox.tools.approval import ApprovalPolicy
     for entry in args.allow_command:
         try:
             ApprovalPolicy(allowlist=[entry])
         except ValueError as exc:
             raise UsageError(f"--allow-command: {exc}") from None
+    if not for_run:
+        return None
     path = config.path or default_path()
 
     def save(entry: str) -> None:
@@ -527,6 +551,12 @@ def _write_live(stream: TextIO) -> Callable[[str], None]:
 async def _run_with_signals(code: str, options: RunOptions, live: bool = False) -> ExecutionResult:
     """Run, turning SIGINT and SIGTERM into an orderly stop of the script; with ``live``,
     the script's output is shown as it prints."""
+    import signal
+
+    import anyio
+
+    from hermes_sandbox.runner import run_code
+
     interrupt = anyio.Event()
     async with anyio.create_task_group() as tasks:
 
@@ -554,8 +584,9 @@ async def _run_with_signals(code: str, options: RunOptions, live: bool = False) 
     return result
 
 
-def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
-    """The command line over the config file, as RunOptions."""
+def _run_options(args: argparse.Namespace, config: Config, *, for_run: bool = True) -> RunOptions:
+    """The command line over the config file, as RunOptions; not ``for_run`` (a --session
+    run, sent to the daemon), with no approval policy but its entries checked."""
     backend = config.backend if args.backend is None else args.backend
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
@@ -593,14 +624,19 @@ def _run_options(args: argparse.Namespace, config: Config) -> RunOptions:
         kill_grace=limits.kill_grace,
         spill_dir=os.path.expanduser(config.spill_dir) if config.spill_dir else None,
         workspace_root=config.workspace_root,
-        approval=_approval_policy(args, config),
+        approval=_approval_policy(args, config, for_run=for_run),
         transport=args.transport,
     )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    config = _prepare(args)
-    options = _run_options(args, config)
+    # A --session run loads tools only to import a --tools-module here as the daemon will
+    # (an error in one is reported the same), or for a toolset's members.
+    for_run = args.session is None
+    if for_run or args.tools_module:  # a --session run is logged by the daemon (daemon.log)
+        _log_to_stderr(args.verbose)
+    config = _prepare(args, load_tools=for_run or bool(args.tools_module))
+    options = _run_options(args, config, for_run=for_run)
     code = _read_script(args.script)
     options = dataclasses.replace(
         options,
@@ -635,6 +671,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # A person at the terminal sees the output as it comes; a program reading a pipe
     # or --json gets the result, as before.
     live = not args.json and sys.stdout.isatty()
+    import anyio
+
     result = anyio.run(_run_with_signals, code, options, live)
     _print_result(result, args.json, shown_live=live)
     return _exit_status(result)
@@ -647,6 +685,10 @@ def _exit_status(result: ExecutionResult) -> int:
 
 
 def _cmd_stub(args: argparse.Namespace) -> int:
+    from hermes_sandbox.runner import resolve_tools
+    from hermes_sandbox.stubs import generate_stub
+    from hermes_sandbox.tools import registry
+
     config = _prepare(args)
     tools = resolve_tools(registry, _selected_tools(args, config))
     sys.stdout.write(generate_stub(registry.get_definitions(tools)))
@@ -654,6 +696,8 @@ def _cmd_stub(args: argparse.Namespace) -> int:
 
 
 def _cmd_tools(args: argparse.Namespace) -> int:
+    from hermes_sandbox.tools import registry
+
     _prepare(args)
     for name in registry.names():
         entry = registry.get(name)
@@ -682,6 +726,8 @@ def _limit_options(args: argparse.Namespace, config: Config) -> RunOptions:
 
 def _cmd_schema(args: argparse.Namespace) -> int:
     from hermes_sandbox.execute_code_tool import build_schema, tool_definition
+    from hermes_sandbox.runner import resolve_tools
+    from hermes_sandbox.tools import registry
 
     config = _prepare(args)
     tools = resolve_tools(registry, _selected_tools(args, config))
@@ -747,6 +793,8 @@ def _report_error(message: str, as_json: bool) -> int:
 def _log_to_stderr(verbose: bool) -> None:
     """Show the runtime's log on stderr: its progress (an image pull) always, all it
     does with -v."""
+    import logging  # not at import: a --session run logs nothing here (_cmd_run)
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("hermes-sandbox: %(message)s"))
     root = logging.getLogger("hermes_sandbox")
@@ -783,7 +831,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # bare hermes-sandbox: what it can do, as a usage error
         parser.print_help(sys.stderr)
         return USAGE_ERROR
-    _log_to_stderr(getattr(args, "verbose", False))
+    if args.command != "run":  # which sets up its log itself
+        _log_to_stderr(getattr(args, "verbose", False))
     handlers = {
         "run": _cmd_run,
         "stub": _cmd_stub,

@@ -1,24 +1,27 @@
 """The command line's side of named sessions: ``run --session NAME`` and ``sessions``.
 
 It talks to the sessions daemon (:mod:`sandbox.named_sessions`), starting it when none
-runs; docs/sessions.md is the user's guide.
+runs, over the wire of :mod:`sandbox.sessions_wire`; it imports none of the daemon's
+modules, so a ``run --session`` starts light. docs/sessions.md is the user's guide.
 """
 
 from __future__ import annotations
 
+# _socket, the C module: socket's Python layer (its enums, selectors) was a tenth of this
+# client's start-up, and one Unix stream socket needs none of it.
+import _socket
 import argparse
 import dataclasses
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermes_sandbox.errors import UsageError
-from hermes_sandbox.named_sessions import (
+from hermes_sandbox.result import ExecutionResult
+from hermes_sandbox.sessions_wire import (
     HEADER,
     LOG_NAME,
     SOCKET_NAME,
@@ -28,13 +31,14 @@ from hermes_sandbox.named_sessions import (
     private_dir,
     sessions_dir,
 )
-from hermes_sandbox.result import ExecutionResult
-from hermes_sandbox.runner import RunOptions
+
+if TYPE_CHECKING:
+    from hermes_sandbox.options import RunOptions
 
 START_WAIT = 30.0  # seconds the command line waits for a daemon it started
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def _recv_exactly(sock: _socket.socket, size: int) -> bytes:
     chunks, left = [], size
     while left:
         chunk = sock.recv(min(left, 1 << 20))
@@ -48,8 +52,8 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 # -- the client ---------------------------------------------------------------------------
 
 
-def _connect(directory: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _connect(directory: str) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(os.path.join(directory, SOCKET_NAME))
     except (FileNotFoundError, ConnectionRefusedError):
@@ -59,6 +63,8 @@ def _connect(directory: str) -> socket.socket | None:
 
 
 def _start_daemon(directory: str) -> None:
+    import subprocess  # only when no daemon runs
+
     log = os.open(os.path.join(directory, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         subprocess.Popen(
@@ -90,10 +96,12 @@ def request(message: Mapping[str, Any], *, start: bool = True) -> dict[str, Any]
             time.sleep(0.05)
             sock = _connect(directory)
     try:
-        with sock:
+        try:
             sock.sendall(encode(message))
             (size,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))
             answer = decode(_recv_exactly(sock, size))
+        finally:
+            sock.close()
     except OSError as exc:
         raise SessionsError(f"lost the sessions daemon ({exc}); see its log") from None
     if not answer.get("ok"):

@@ -33,18 +33,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hermes_sandbox.allowlist import ALLOWLIST_REGEX_PREFIX
 from hermes_sandbox.environments import BACKENDS, BackendSettings, get_settings_class
 from hermes_sandbox.environments.settings import Place, config_place
 from hermes_sandbox.errors import ConfigError
 from hermes_sandbox.spill import DEFAULT_SPILL_RETENTION
-from hermes_sandbox.tools.approval import ALLOWLIST_REGEX_PREFIX
 
 if TYPE_CHECKING:  # PyYAML is imported when a config file is read
     import yaml
@@ -275,6 +274,8 @@ def add_to_allowlist(path: str, pattern: str) -> None:
     provider keys. Raises :class:`ConfigError` when the file cannot be read, parsed or
     written.
     """
+    import tempfile  # here only: reading a config file writes none
+
     import yaml
 
     try:

@@ -5,8 +5,8 @@ A small per-user daemon (``python -m hermes_sandbox.named_sessions serve``), sta
 the first ``--session`` run, holds :class:`~hermes_sandbox.AsyncSession` objects
 (``persistent=True``) by name. It listens on a Unix socket (mode 0600) in a per-user
 directory (mode 0700) and answers only peers of its own uid (``SO_PEERCRED``). The wire
-is a 4-byte big-endian length and a JSON object, each way. It exits once it has held
-no session for :data:`LINGER` seconds. The command line's side is
+is a 4-byte big-endian length and a JSON object, each way (sandbox/sessions_wire.py).
+It exits once it has held no session for :data:`LINGER` seconds. The command line's side is
 :mod:`sandbox.cli_sessions`; docs/sessions.md is the user's guide.
 """
 
@@ -16,90 +16,36 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import json
 import logging
 import os
 import socket
-import stat
 import struct
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from hermes_sandbox import sessions_wire as wire
 from hermes_sandbox.errors import SandboxError
 from hermes_sandbox.session import AsyncSession
+from hermes_sandbox.sessions_wire import SessionsError, sessions_dir
 from hermes_sandbox.tools.approval import ApprovalPolicy
 
-DIR_VARIABLE = "HERMES_SANDBOX_SESSIONS_DIR"
-SOCKET_NAME = "daemon.sock"
-LOCK_NAME = "daemon.lock"
-LOG_NAME = "daemon.log"
 LINGER = 600.0  # seconds the daemon stays with no session before it exits
-MAX_MESSAGE = 256 * 1024 * 1024
-HEADER = struct.Struct(">I")
 log = logging.getLogger(__name__)
-
-
-class SessionsError(SandboxError):
-    """A named session could not be used: the daemon, or a request it refused."""
-
-
-# -- the place ----------------------------------------------------------------------------
-
-
-def sessions_dir() -> str:
-    """The per-user directory of the daemon: $HERMES_SANDBOX_SESSIONS_DIR, else
-    $XDG_RUNTIME_DIR/hermes-sandbox, else /tmp/hermes-sandbox-UID."""
-    chosen = os.environ.get(DIR_VARIABLE)
-    if chosen:
-        return os.path.abspath(chosen)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "hermes-sandbox")
-    return f"/tmp/hermes-sandbox-{os.getuid()}"
-
-
-def private_dir(path: str) -> str:
-    """Make ``path`` (mode 0700) or check that it is ours and private; raise
-    SessionsError when it is not (another user's, or open to others)."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise SessionsError(f"{path} is not a directory of this user: refusing to use it")
-    if info.st_mode & 0o077:
-        raise SessionsError(f"{path} is open to other users (mode {info.st_mode & 0o777:o})")
-    return path
-
-
-# -- the wire -----------------------------------------------------------------------------
-
-
-def encode(message: Mapping[str, Any]) -> bytes:
-    data = json.dumps(message, ensure_ascii=False).encode()
-    return HEADER.pack(len(data)) + data
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    message = json.loads(data)
-    if not isinstance(message, dict):
-        raise ValueError("a message is a JSON object")
-    return message
 
 
 async def _receive(stream: anyio.abc.ByteStream) -> dict[str, Any] | None:
     buffered = BufferedByteReceiveStream(stream)
     try:
-        (size,) = HEADER.unpack(await buffered.receive_exactly(HEADER.size))
+        (size,) = wire.HEADER.unpack(await buffered.receive_exactly(wire.HEADER.size))
     except (anyio.EndOfStream, anyio.IncompleteRead):
         return None
-    if size > MAX_MESSAGE:
+    if size > wire.MAX_MESSAGE:
         raise ValueError(f"a message of {size} bytes is over the limit")
-    return decode(await buffered.receive_exactly(size))
+    return wire.decode(await buffered.receive_exactly(size))
 
 
 # -- the daemon ---------------------------------------------------------------------------
@@ -161,7 +107,7 @@ class _Daemon:
                     answer = {"ok": True, **await self._answer(request)}
                 except (SandboxError, ValueError, TypeError, KeyError) as exc:
                     answer = {"ok": False, "error": str(exc)}
-                await stream.send(encode(answer))
+                await stream.send(wire.encode(answer))
             finally:
                 self._connections -= 1
                 self._empty_since = time.monotonic()
@@ -257,8 +203,8 @@ class _Daemon:
 def _take_lock(directory: str) -> Any:
     """The daemon lock of ``directory`` (an open file, held until closed), or None
     when another daemon holds it."""
-    private_dir(directory)
-    lock = open(os.path.join(directory, LOCK_NAME), "a")  # noqa: SIM115 - held while serving
+    wire.private_dir(directory)
+    lock = open(os.path.join(directory, wire.LOCK_NAME), "a")  # noqa: SIM115 - held while serving
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -272,7 +218,7 @@ async def serve(directory: str, linger: float = LINGER) -> None:
     SIGTERM/SIGINT. The caller holds the directory's lock (:func:`_take_lock`)."""
     import signal
 
-    path = os.path.join(directory, SOCKET_NAME)
+    path = os.path.join(directory, wire.SOCKET_NAME)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     old_umask = os.umask(0o177)

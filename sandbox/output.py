@@ -13,7 +13,6 @@ counts say how many bytes it really shows.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import BinaryIO
 
 from hermes_sandbox.environments.capture import HeadTailBuffer
@@ -42,6 +41,8 @@ def spill_notice(path: str, *, for_model: bool) -> str:
 
 
 def default_spill_dir() -> str:
+    import tempfile  # not at import: the command line reads this module's caps only
+
     return os.path.join(tempfile.gettempdir(), "hermes-sandbox-spill")
 
 
@@ -83,6 +84,8 @@ class CappedOutput:
             self._write_spill(bytes(early) + data)
 
     def _open_spill(self) -> None:
+        import tempfile
+
         directory = self._spill_dir or default_spill_dir()
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)

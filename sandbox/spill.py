@@ -10,12 +10,9 @@ touched, and a symlink is removed as a link, never followed.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import time
-
-log = logging.getLogger(__name__)
 
 DEFAULT_SPILL_RETENTION = 24 * 3600.0  # seconds a spill file is kept
 SPILL_PREFIX = "stdout-"
@@ -41,7 +38,9 @@ def sweep_spill_dir(directory: str, retention: float, *, now: float | None = Non
                 continue
             os.unlink(entry.path)
         except OSError as exc:
-            log.debug("could not sweep spill file %s: %s", entry.path, exc)
+            import logging  # not at import: the command line reads this module's default only
+
+            logging.getLogger(__name__).debug("could not sweep spill file %s: %s", entry.path, exc)
             continue
         removed += 1
     return removed

@@ -28,12 +28,13 @@ import posixpath
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hermes_sandbox.environments import Runtime
 from hermes_sandbox.errors import TransportUnavailable
-from hermes_sandbox.hints import bwrap_failure_hint
-from hermes_sandbox.rpc import RPCServer, serve_unix_socket
+
+if TYPE_CHECKING:  # the command line reads TRANSPORTS for its choices, without these
+    from hermes_sandbox.environments import Runtime
+    from hermes_sandbox.rpc import RPCServer
 
 SOCKET_NAME = "rpc.sock"
 FILES_DIR_PREFIX = "rpc-"
@@ -62,7 +63,7 @@ class Script:
         return dataclasses.replace(self, env={**self.env, **extra})
 
 
-Launcher = Callable[[Runtime, RPCServer, Script], AbstractAsyncContextManager[Any]]
+Launcher = Callable[["Runtime", "RPCServer", Script], AbstractAsyncContextManager[Any]]
 
 
 def needs_relay(transport: str, environment: Runtime) -> bool:
@@ -78,6 +79,7 @@ async def _under_relay(
     """The script started by the relay in the sandbox; with ``socket_path`` the relay
     listens there and carries the script's calls to ``server`` too."""
     from hermes_sandbox.environments.exec_stream import helper_failure_text
+    from hermes_sandbox.hints import bwrap_failure_hint
     from hermes_sandbox.rpc.relay import RelayError, RelaySession  # only relay runs need them
 
     # In the script's working directory: where the relay is contained (local under
@@ -149,6 +151,8 @@ async def _started(environment: Runtime, server: RPCServer, script: Script) -> A
 async def launch_unix(
     environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
+    from hermes_sandbox.rpc import serve_unix_socket
+
     path = posixpath.join(script.stage, SOCKET_NAME)
     async with (
         serve_unix_socket(server, path),

@@ -26,7 +26,12 @@ from hermes_sandbox import (
     SSHSettings,
     execute_code,
 )
-from hermes_sandbox.environments import BACKENDS, get_environment_class, get_settings_class
+from hermes_sandbox.environments import (
+    BACKEND_SETTINGS,
+    BACKENDS,
+    get_environment_class,
+    get_settings_class,
+)
 from hermes_sandbox.environments.local import LocalEnvironment
 from hermes_sandbox.environments.settings import config_place, parse_text
 
@@ -42,6 +47,7 @@ SETTINGS = {
 
 def test_one_settings_class_per_backend_each_naming_its_backend():
     assert list(BACKENDS)[: len(SETTINGS)] == list(SETTINGS)  # then any registered later
+    assert list(BACKEND_SETTINGS) == list(SETTINGS)  # each read without its environment
     for name, cls in SETTINGS.items():
         assert get_settings_class(name) is cls
         assert get_environment_class(name).settings_class is cls

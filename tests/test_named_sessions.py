@@ -194,7 +194,14 @@ def test_script_arguments_and_sessions_rm_usage_are_refused(sessions: Sessions) 
     assert done.returncode == 2 and "no script arguments" in done.stderr
     done = sessions("sessions", "rm")
     assert done.returncode == 2 and "NAME or --all" in done.stderr
-    assert sessions("sessions").stdout == ""  # no daemon started for that
+    # Checked here as for a run in this process, though the client loads no tools and
+    # builds no approval policy of its own (the daemon does).
+    done = sessions("run", "--session", "s", "--allow-command", "re:(", script)
+    assert done.returncode == 2 and "--allow-command: allowlist entry 're:('" in done.stderr
+    done = sessions("run", "--session", "s", "--toolsets", "nosuch", "--json", script)
+    assert done.returncode == 2 and "unknown toolset: nosuch" in done.stderr
+    assert json.loads(done.stdout)["status"] == "error"
+    assert sessions("sessions").stdout == ""  # no daemon started for any of these
 
 
 def test_dangerous_command_is_refused_without_an_allowlist(sessions: Sessions) -> None:

@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
 import pytest
 from test_cli import cli_env
+from test_named_sessions import Sessions, stop_daemon
 
 import hermes_sandbox
 import hermes_sandbox.environments as environments
@@ -97,6 +99,86 @@ def test_run_of_print_1_imports_no_sdk_and_no_jsonschema(tmp_path: Path) -> None
     assert "hermes_sandbox.tools.file_tools" in modules  # the tools did load
     imported = [m for m in NOT_IMPORTED if m in modules]
     assert imported == []
+
+
+# What a `run --session` leaves to the sessions daemon: the runner and the event loop, the
+# tools (without --tools-module or a toolset), the approval machinery, the daemon's own
+# modules, msgpack, logging, and the Python layer of socket.
+SESSION_RUN_NOT_IMPORTED = (
+    "anyio",
+    "asyncio",
+    "hermes_sandbox.runner",
+    "hermes_sandbox.session",
+    "hermes_sandbox.named_sessions",
+    "hermes_sandbox.environments.base",
+    "hermes_sandbox.environments.local",
+    "hermes_sandbox.environments.isolation",
+    "hermes_sandbox.rpc.framing",
+    "hermes_sandbox.rpc.server",
+    "hermes_sandbox.tools",
+    "hermes_sandbox.tools.approval",
+    "hermes_sandbox.stubs",
+    "msgpack",
+    "logging",
+    "socket",
+    "subprocess",
+    "tempfile",
+)
+
+SESSION_PROGRAM = textwrap.dedent(
+    """\
+    import json, sys
+    from hermes_sandbox.cli import main
+
+    status = main(["run", *sys.argv[2:]])
+    with open(sys.argv[1], "w") as f:
+        json.dump({"status": status, "modules": sorted(sys.modules)}, f)
+    """
+)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[Sessions]:
+    cli = Sessions(tmp_path, tmp_path / "sessions")
+    try:
+        yield cli
+    finally:
+        stop_daemon(cli.directory)
+
+
+def session_run(sessions: Sessions, *args: str) -> tuple[int, set[str], str]:
+    """``run ARGS`` by the console script's main(), in a process of its own: its status,
+    the modules it imported, its stdout."""
+    report = sessions.cwd / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_PROGRAM, str(report), *args],
+        cwd=sessions.cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=sessions.env,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    seen = json.loads(report.read_text())
+    return seen["status"], set(seen["modules"]), done.stdout
+
+
+def test_a_session_run_sends_its_script_without_the_runner_or_the_tools(
+    sessions: Sessions,
+) -> None:
+    first = sessions.script("first.py", "x = 41\n")
+    assert sessions("run", "--session", "s", first).returncode == 0  # the daemon is warm
+    second = sessions.script("second.py", "x += 1\nprint(x)\n")
+    status, modules, stdout = session_run(sessions, "--session", "s", second)
+    assert (status, stdout) == (0, "42\n")
+    assert "hermes_sandbox.cli_sessions" in modules  # the parse saw the client
+    assert [m for m in SESSION_RUN_NOT_IMPORTED if m in modules] == []
+
+    # A toolset is resolved against the registry here, as before: the tools load for it.
+    status, modules, stdout = session_run(sessions, "--session", "t", "--toolsets", "file", first)
+    assert (status, stdout) == (0, "")
+    assert "hermes_sandbox.tools.file_tools" in modules
 
 
 def test_builtin_tool_schemas_are_valid() -> None:

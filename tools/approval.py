@@ -41,6 +41,7 @@ from enum import StrEnum
 
 import anyio.to_thread
 
+from hermes_sandbox.allowlist import ALLOWLIST_REGEX_PREFIX
 from hermes_sandbox.redaction import strip_ansi
 from hermes_sandbox.threads import tool_limiter
 from hermes_sandbox.tools.command_rules import ARG as _ARG
@@ -85,7 +86,6 @@ log = logging.getLogger(__name__)
 MAX_NESTING = 8  # deeper nesting of sh -c / $(...) is refused as too complex to check
 MAX_CHECKED_CHARS = 1_000_000  # longer commands are refused as too long to check
 _CHECK_IN_THREAD_CHARS = 4_096  # longer commands are checked in a worker thread
-ALLOWLIST_REGEX_PREFIX = "re:"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ and the submodules of a plugin package (:func:`discover_package`).
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import logging
 import os
@@ -267,6 +266,8 @@ def discover_tools_directory(directory: str | os.PathLike[str]) -> list[ModuleTy
     root = Path(directory).resolve()
     if not root.is_dir():
         raise ToolModuleError(f"tools directory not found: {directory}")
+    import hashlib  # not at import: every run discovers the built-in tools, few a directory
+
     tag = hashlib.sha1(str(root).encode()).hexdigest()[:8]
     modules = []
     on_path = str(root) in sys.path

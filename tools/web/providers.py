@@ -4,7 +4,6 @@ Firecrawl for web_extract. Their endpoints and answers are described in docs/web
 
 from __future__ import annotations
 
-import html
 import os
 import re
 from collections.abc import Mapping
@@ -23,6 +22,8 @@ if TYPE_CHECKING:
 
 def _plain(text: Any) -> str:
     """Text without markup: providers highlight matches with <strong> and escape entities."""
+    import html  # not at import (its entity table): every run registers the web tools
+
     if not isinstance(text, str):
         return ""
     return html.unescape(re.sub(r"<[^>]+>", "", text)).strip()
