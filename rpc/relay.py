@@ -50,6 +50,9 @@ CHANNEL_FRAME_LIMIT = 1024 * 1024
 # Messages from the relay read in the loop's callback and not yet acted on (script
 # output waiting for its sink) before the channel is paused.
 _HELD_MESSAGES = 64
+# How long the end of a run waits, after the relay's exit report, for the relay itself
+# to end (its channel's end): it leaves at once, so this only bounds a surprise.
+RELAY_END_SECONDS = 2.0
 
 
 class _LoopReadChannel(Protocol):
@@ -280,6 +283,7 @@ class RelaySession:
         self.stderr = _OutputStream(err_receive)
         self._connections: dict[int, _RelayedConnection] = {}
         self._exited = anyio.Event()
+        self._channel_ended = anyio.Event()
         self._started = anyio.Event()
         self.exit_code: int | None = None
         self.pid: int | None = None
@@ -314,6 +318,12 @@ class RelaySession:
                             if not self._exited.is_set():
                                 await self.kill(0)
                         await self._server.drain()
+                        if self._exited.is_set() and self.lost is None:
+                            # The relay leaves right after its exit report: the run
+                            # ends when it has (nothing of it running), not before.
+                            with anyio.CancelScope(shield=True):
+                                with anyio.move_on_after(RELAY_END_SECONDS):
+                                    await self._channel_ended.wait()
                     finally:
                         tasks.cancel_scope.cancel()
         finally:
@@ -412,6 +422,7 @@ class RelaySession:
         except (FrameError, ConnectionClosed) as exc:
             self._mark_lost(f"the relay channel broke: {exc}")
         finally:
+            self._channel_ended.set()
             self._mark_lost("the relay went away before the script's exit")
 
     async def _serve_in_loop(self) -> bool:

@@ -1651,3 +1651,21 @@ async def test_a_standby_runs_the_relay_the_run_stages(
         assert pool_stats(config).standby_relays == 0, "the run did not take the standby"
         await stream.aclose()
         await env.remove_tree(made)
+
+
+def test_a_run_returns_once_its_relay_has_ended(server: Server, own_known_hosts: str) -> None:
+    """Nothing of a run is still running when it returns: not the script (killed before
+    the relay's exit report) and not the relay, which leaves right after that report
+    (os._exit, no interpreter teardown) and whose channel's end the run waits for.
+    (With neither, most runs returned with their relay still exiting.)"""
+    options = server.options(known_hosts=own_known_hosts)
+    still = []
+    for _ in range(20):
+        result = execute_code(
+            "import os; print(os.getppid())", backend="ssh", backend_options=options, timeout=20
+        )
+        assert result.status == "success", result.output
+        relay = int(result.output.split()[-1])
+        if not gone(relay):
+            still.append(relay)
+    assert not still, f"runs returned with their relay still running: {still}"
