@@ -1022,7 +1022,8 @@ def test_connection_is_reused_by_consecutive_runs(server: Server, own_known_host
 
 
 def test_idle_connection_closes_after_its_idle_time(server: Server, own_known_hosts: str) -> None:
-    options = server.options(known_hosts=own_known_hosts, idle_timeout=0.3)
+    # Long enough for the check below to find the connection open on a loaded machine.
+    options = server.options(known_hosts=own_known_hosts, idle_timeout=1.5)
     config = SSHSettings.from_mapping(options)
     assert execute_code("print(1)", backend="ssh", backend_options=options).status == "success"
     ports = pool_stats(config).local_ports
@@ -1529,7 +1530,7 @@ def test_a_run_after_a_relayed_run_takes_the_standby_relay(
 def test_a_standby_relay_goes_with_its_connection(server: Server, own_known_hosts: str) -> None:
     """Nothing is left behind by the relay started ahead: when the pool closes the
     connection (idle time, exit) the standby, which has made nothing, exits."""
-    options = server.options(known_hosts=own_known_hosts, idle_timeout=0.5)
+    options = server.options(known_hosts=own_known_hosts, idle_timeout=2.0)
     config = SSHSettings.from_mapping(options)
     result = execute_code("print(1)", backend="ssh", backend_options=options, timeout=20)
     assert result.status == "success", result.output

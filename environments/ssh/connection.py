@@ -432,8 +432,22 @@ class _ConnectionPool:
             raise
         return share
 
+    def acquire_connected(self, config: SSHSettings) -> _Share | None:
+        """Take a share of the connection for ``config`` if one is open already, else
+        None (then :meth:`acquire` connects); never blocks, so the event loop may call it."""
+        with self._lock:
+            share = self._shares.get(config.pool_key)
+            if share is None or not any(c.alive() for c in share.connections):
+                return None
+            share.users += 1
+            if share.timer is not None:
+                share.timer.cancel()
+                share.timer = None
+        return share
+
     def release(self, share: _Share, idle_timeout: float) -> None:
-        """Give a share back; the last user's leaving starts the idle timer."""
+        """Give a share back; the last user's leaving starts the idle timer. Blocks
+        only with ``idle_timeout`` 0 (the last user's leaving closes the connection)."""
         with self._lock:
             share.users -= 1
             if share.users > 0:

@@ -139,7 +139,10 @@ class SSHEnvironment(ExecStreamEnvironment):
         unknown or changed, no usable ``python3`` there, a missing ``workdir``.
         """
         _require_paramiko()
-        self._share = await anyio.to_thread.run_sync(_POOL.acquire, self.settings)
+        # A pooled connection open already is shared without a thread hop.
+        self._share = _POOL.acquire_connected(self.settings) or await anyio.to_thread.run_sync(
+            _POOL.acquire, self.settings
+        )
         try:
             await self._probe()
         except BaseException:
@@ -257,7 +260,9 @@ class SSHEnvironment(ExecStreamEnvironment):
         """Give the connection share back (the connection itself stays open for the
         pool's idle time)."""
         share, self._share = self._share, None
-        if share is not None:
+        if share is not None and self.settings.idle_timeout > 0:
+            _POOL.release(share, self.settings.idle_timeout)  # starts a timer: no waiting
+        elif share is not None:
             await anyio.to_thread.run_sync(_POOL.release, share, self.settings.idle_timeout)
 
     # -- the relay: started ahead of its run where the pool holds one ----------------------
