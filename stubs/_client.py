@@ -344,8 +344,13 @@ def _read_file(path):
     """The file's bytes, and whether it has no other name (its link count is 1)."""
     fd = _os.open(path, _os.O_RDONLY | _O_CLOEXEC)
     try:
-        single = _os.fstat(fd).st_nlink == 1
-        chunks = []
+        info = _os.fstat(fd)
+        single = info.st_nlink == 1
+        # One read for the whole file, as a rule: a regular file's short read is its end.
+        chunk = _os.read(fd, info.st_size + 1)
+        if len(chunk) <= info.st_size:
+            return chunk, single
+        chunks = [chunk]
         while True:
             chunk = _os.read(fd, 1 << 20)
             if not chunk:
@@ -399,6 +404,8 @@ class _ReplyWatch(object):
                 elif found is not None:
                     found.add(data[offset : offset + size].rstrip(b"\0").decode("utf-8", "replace"))
                 offset += size
+            if len(data) < 65536 - 4096:  # all there was: no read to fail saying so
+                return found
 
     def close(self):
         _os.close(self.fd)
@@ -420,9 +427,9 @@ class _FileConnection(object):
 
     _SAFETY_LOOK = 0.05  # with inotify: look anyway this often (an unreported rename)
     _POLL_MIN, _POLL_MAX = 0.0001, 0.005
-    # Reply files read and kept, renamed, to be written again as requests: a call makes
-    # no new inode where the host writes each reply into its request's file (creating
-    # a file on an ext4 without a journal scans past every inode freed lately).
+    # Reply files read and kept, under their own names, to be written again as requests:
+    # a call makes no new inode where the host writes each reply into its request's file
+    # (creating a file on an ext4 without a journal scans past every inode freed lately).
     _SPARES = 16
 
     def __init__(self, directory, token):
@@ -432,7 +439,6 @@ class _FileConnection(object):
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
         self._spares = []  # the names of read replies to write again (append/pop: atomic)
-        self._spare_ids = _itertools.count(1)
         # Keyed by reply file name; a reply is the file's bytes, or the OSError reading it.
         self._board = _ReplyBoard()
         try:
@@ -487,18 +493,14 @@ class _FileConnection(object):
         _write_file(temporary, data)
         return temporary
 
-    def _spare(self, path):
-        """Keep the read reply file at ``path`` to be written again, or remove it."""
+    def _spare(self, name):
+        """Keep the read reply file ``name`` to be written again, or remove it. It keeps
+        its name (a reply's, which the host passes over, never waited for again: keys
+        are not reused): a rename to a spare name would wake both sides' watches."""
         if len(self._spares) < self._SPARES:
-            name = ".%d-%s-s%d" % (_os.getpid(), self._nonce, next(self._spare_ids))
-            try:
-                _os.rename(path, _os.path.join(self._directory, name))
-            except OSError:
-                pass
-            else:
-                self._spares.append(name)
-                return
-        _unlink(path)
+            self._spares.append(name)
+        else:
+            _unlink(_os.path.join(self._directory, name))
 
     def _look_until(self, reply_name):
         """The reply for ``reply_name``, looked for by the caller holding the read turn,
@@ -551,7 +553,7 @@ class _FileConnection(object):
                 # drops its own name) is not written again: the host refuses a request
                 # file with other links.
                 if single:
-                    self._spare(path)
+                    self._spare(name)
                 else:
                     _unlink(path)
             if name == reply_name:
