@@ -396,36 +396,44 @@ class FileChannel(LeaderFollowers):
         os.close(fd)
         return True
 
+    def _remove_or_ignore(self, name: str) -> None:
+        """Remove a refused entry, or else never look at it again (the leader's)."""
+        if self._remove(name):
+            return
+        try:
+            inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
+        except OSError:
+            return  # gone after all
+        self._ignored.add((name, inode))
+
     def _take(self, name: str) -> tuple[str, bytes | dict[str, Any]] | None:
         """What to do with one entry: (key, request bytes or refusal), or None to skip."""
         if not _may_be_request(name):
             return None  # a temporary file, or a reply not yet collected
         key = name[: -len(REQUEST_SUFFIX)] if name.endswith(REQUEST_SUFFIX) else ""
-        try:
-            inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            return None
-        if (name, inode) in self._ignored:
-            return None
         kept = self._recycled.get(key)
-        if kept is not None and kept[1] == inode:
-            return None  # read already: the file waits for its reply (_keep_for_reply)
+        if self._ignored or kept is not None:  # else no inode to compare: no stat
+            try:
+                inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                return None
+            if (name, inode) in self._ignored:
+                return None
+            if kept is not None and kept[1] == inode:
+                return None  # read already: the file waits for its reply (_keep_for_reply)
         if not KEY_RE.match(key):
             log.warning("removing %r from the RPC directory: not a request file name", name)
-            if not self._remove(name):
-                self._ignored.add((name, inode))
+            self._remove_or_ignore(name)
             return None
         try:
             return key, self._read_request(name)
         except FileNotFoundError:
             return None  # taken already
         except _Refusal as refusal:
-            if not self._remove(name):
-                self._ignored.add((name, inode))  # answered once; never again
+            self._remove_or_ignore(name)  # answered once; never again
             return key, refusal.reply
         except OSError as exc:
-            if not self._remove(name):
-                self._ignored.add((name, inode))
+            self._remove_or_ignore(name)
             reason = exc.strerror or type(exc).__name__
             return key, messages.error_reply(None, messages.BAD_FRAME, f"unreadable: {reason}")
 

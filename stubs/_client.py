@@ -317,17 +317,17 @@ class _Connection(object):
 _O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
 
 
-def _write_file(path, data, reuse=False):
-    """Write ``data`` to a new file at ``path``, or with ``reuse`` over an existing one,
-    then cut to its length: not O_TRUNC, a truncation to 0, which on ext4 has the close
-    start writing the file out to disk."""
+def _write_file(path, data, reuse=None):
+    """Write ``data`` to a new file at ``path``, or with ``reuse`` (the file's size) over
+    an existing one, then cut to its length if it was longer: not O_TRUNC, a truncation
+    to 0, which on ext4 has the close start writing the file out to disk."""
     flags = _os.O_WRONLY | _O_CLOEXEC | (0 if reuse else _os.O_CREAT | _os.O_TRUNC)
     fd = _os.open(path, flags, 0o666)
     try:
         view = memoryview(data)
         while view:
             view = view[_os.write(fd, view) :]
-        if reuse:
+        if reuse is not None and reuse > len(data):
             _os.ftruncate(fd, len(data))
     finally:
         _os.close(fd)
@@ -438,7 +438,8 @@ class _FileConnection(object):
         self._max_frame = _max_frame()
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
-        self._spares = []  # the names of read replies to write again (append/pop: atomic)
+        # (name, size) of the read replies to write again (append/pop: atomic)
+        self._spares = []
         # Keyed by reply file name; a reply is the file's bytes, or the OSError reading it.
         self._board = _ReplyBoard()
         try:
@@ -480,11 +481,12 @@ class _FileConnection(object):
         """Write ``data`` into a spare file if there is one, else a new one; its path."""
         while True:
             try:
-                spare = _os.path.join(self._directory, self._spares.pop())
+                name, size = self._spares.pop()
+                spare = _os.path.join(self._directory, name)
             except IndexError:
                 break
             try:
-                _write_file(spare, data, reuse=True)
+                _write_file(spare, data, reuse=size)
             except OSError:  # the host's own file (not writable here), or gone
                 _unlink(spare)
                 continue
@@ -493,12 +495,12 @@ class _FileConnection(object):
         _write_file(temporary, data)
         return temporary
 
-    def _spare(self, name):
+    def _spare(self, name, size):
         """Keep the read reply file ``name`` to be written again, or remove it. It keeps
         its name (a reply's, which the host passes over, never waited for again: keys
         are not reused): a rename to a spare name would wake both sides' watches."""
         if len(self._spares) < self._SPARES:
-            self._spares.append(name)
+            self._spares.append((name, size))
         else:
             _unlink(_os.path.join(self._directory, name))
 
@@ -553,7 +555,7 @@ class _FileConnection(object):
                 # drops its own name) is not written again: the host refuses a request
                 # file with other links.
                 if single:
-                    self._spare(name)
+                    self._spare(name, len(data))
                 else:
                     _unlink(path)
             if name == reply_name:
