@@ -20,8 +20,8 @@ and cannot do to the host through this directory is in docs/security.md, "Transp
 
 The directory is served by blocking threads, leader/followers (rpc/threaded.py), like a
 Unix socket connection: the leader waits on inotify (or polls), reads the request
-files (keeping each open, renamed, to carry its reply: no new file per call; or removing
-it), has each parsed and authenticated once (:meth:`RPCServer.take`), and for a sync
+files (keeping each open, under its name, to carry its reply: no new file per call;
+or removing it), has each parsed and authenticated once (:meth:`RPCServer.take`), and for a sync
 tool hands the watching to a follower before it runs the tool on its own thread and
 writes the reply file. No event-loop pass and no thread hop per call; an async tool
 goes to the run's event loop.
@@ -317,8 +317,8 @@ class FileChannel(LeaderFollowers):
     def _read_request(self, name: str) -> bytes:
         """Read and remove a request file; raise :class:`_Refusal` for anything but a
         regular file with one link and at most one frame's size (never echoing it).
-        While there is room, the file is kept open, renamed to a temporary name, to
-        carry the reply (:meth:`_keep_for_reply`), rather than removed."""
+        While there is room, the file is kept open, under its name, to carry the reply
+        (:meth:`_keep_for_reply`), rather than removed."""
         limit = HEADER_SIZE + self._server.max_frame_size
         try:
             fd = os.open(
