@@ -20,8 +20,8 @@ and cannot do to the host through this directory is in docs/security.md, "Transp
 
 The directory is served by blocking threads, leader/followers (rpc/threaded.py), like a
 Unix socket connection: the leader waits on inotify (or polls), reads the request
-files (keeping each open, renamed, to carry its reply: no new file per call; or removing
-it), has each parsed and authenticated once (:meth:`RPCServer.take`), and for a sync
+files (keeping each open, under its name, to carry its reply: no new file per call;
+or removing it), has each parsed and authenticated once (:meth:`RPCServer.take`), and for a sync
 tool hands the watching to a follower before it runs the tool on its own thread and
 writes the reply file. No event-loop pass and no thread hop per call; an async tool
 goes to the run's event loop.
@@ -130,6 +130,8 @@ class _Inotify:
                 elif found is not None:
                     found.add(os.fsdecode(data[offset : offset + size].rstrip(b"\0")))
                 offset += size
+            if len(data) < 65536 - 4096:  # all there was: no read to fail saying so
+                return found
 
     def close(self) -> None:
         os.close(self.fd)
@@ -180,9 +182,10 @@ class FileChannel(LeaderFollowers):
         self._seen: set[str] = set()
         self._in_flight: set[str] = set()  # keys whose tool still runs
         self._replies: OrderedDict[str, bytes] = OrderedDict()
-        # key -> (an open descriptor of its request file, the temporary name it was
-        # renamed to): where its reply is written (_write_reply).
-        self._recycled: dict[str, tuple[int, str]] = {}
+        # key -> (an open descriptor of its request file, still named <key>.req, and its
+        # inode): where its reply is written, before that name becomes <key>.rep
+        # (_write_reply).
+        self._recycled: dict[str, tuple[int, int]] = {}
         self.requests_served = 0
         # Entries refused and not removable (a non-empty directory): never looked at
         # again. The leader's alone.
@@ -208,11 +211,11 @@ class FileChannel(LeaderFollowers):
         """Close the directory, the watcher and the wake pipe (once no thread uses them);
         remove the request files kept for replies never sent."""
         with self._keys:
-            kept, self._recycled = list(self._recycled.values()), {}
-        for fd, temporary in kept:
+            kept, self._recycled = list(self._recycled.items()), {}
+        for key, (fd, _inode) in kept:
             os.close(fd)
             if self._fd >= 0:
-                self._remove(temporary)
+                self._remove(key + REQUEST_SUFFIX)
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
@@ -264,9 +267,13 @@ class FileChannel(LeaderFollowers):
 
     def _write_reply(self, key: str, frame: bytes) -> None:
         with self._keys:
-            recycled = self._recycled.pop(key, None)
-        if recycled is not None and self._write_recycled(key, frame, *recycled):
-            return
+            recycled = self._recycled.get(key)
+        if recycled is not None:
+            written = self._write_recycled(key, frame, recycled[0])
+            with self._keys:  # only now: until its rename, <key>.req is passed over
+                del self._recycled[key]
+            if written:
+                return
         # A fresh temporary name, created exclusively: nothing the script planted there
         # (a FIFO, a symlink) is opened.
         temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
@@ -286,32 +293,32 @@ class FileChannel(LeaderFollowers):
             log.warning("could not write the reply to %s: %s", key, exc)
             self._remove(temporary)
 
-    def _write_recycled(self, key: str, frame: bytes, fd: int, temporary: str) -> bool:
+    def _write_recycled(self, key: str, frame: bytes, fd: int) -> bool:
         """Write the reply into its request's own file, kept open since it was read
-        (still a regular file with no other link), and rename it into place; False to
-        write a fresh file instead."""
+        (still a regular file with no other link), and rename its name, <key>.req, to
+        <key>.rep; False to write a fresh file instead."""
+        name = key + REQUEST_SUFFIX
         try:
             try:
                 if os.fstat(fd).st_nlink != 1:
                     raise OSError(errno.EMLINK, "the request file has other links now")
                 # Written over from the start, then cut to its length: never truncated to
                 # 0 first, which on ext4 has the close start writing the file to disk.
-                os.lseek(fd, 0, os.SEEK_SET)
-                _write_all(fd, frame)
+                _write_all(fd, frame, at=0)
                 os.ftruncate(fd, len(frame))
             finally:
                 os.close(fd)
-            os.rename(temporary, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+            os.rename(name, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)
             return True
         except OSError:
-            self._remove(temporary)
+            self._remove(name)
             return False
 
     def _read_request(self, name: str) -> bytes:
         """Read and remove a request file; raise :class:`_Refusal` for anything but a
         regular file with one link and at most one frame's size (never echoing it).
-        While there is room, the file is kept open, renamed to a temporary name, to
-        carry the reply (:meth:`_keep_for_reply`), rather than removed."""
+        While there is room, the file is kept open, under its name, to carry the reply
+        (:meth:`_keep_for_reply`), rather than removed."""
         limit = HEADER_SIZE + self._server.max_frame_size
         try:
             fd = os.open(
@@ -343,28 +350,35 @@ class FileChannel(LeaderFollowers):
                     f"request file is over the {self._server.max_frame_size}-byte frame "
                     "limit; send less per call",
                 )
-            chunks = []
-            size = 0
-            while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            # One read for the whole file, as a rule (a regular file's short read is its end).
+            first = os.read(fd, min(info.st_size + 1, limit + 1))
+            chunks = [first]
+            size = len(first)
+            while (
+                size > info.st_size
+                and size <= limit
+                and (chunk := os.read(fd, min(1 << 20, limit + 1 - size)))
+            ):
                 chunks.append(chunk)
                 size += len(chunk)
             if size > limit:
                 raise _Refusal(messages.FRAME_TOO_LARGE, "request file grew while read")
-            kept = self._keep_for_reply(name, fd)
+            kept = self._keep_for_reply(name, fd, info.st_ino)
             return b"".join(chunks)
         finally:
             if not kept:
                 os.close(fd)
                 self._remove(name)
 
-    def _keep_for_reply(self, name: str, fd: int) -> bool:
+    def _keep_for_reply(self, name: str, fd: int, inode: int) -> bool:
         """Keep the request file ``name``, read through ``fd`` and found a regular file
-        with one link, to carry its reply, if there is room and its key has none kept
-        already (a retry's): reopened for writing through ``fd`` itself (so only that
-        inode, never whatever the name holds by now) and renamed to a temporary name.
-        True if kept; ``fd`` is closed then, else left to the caller."""
+        with one link, to carry its reply, if there is room: reopened for writing
+        through ``fd`` itself (so only that inode, never whatever the name holds by now).
+        The name stays until the reply is in the file, then becomes the reply's (one
+        rename a call: each rename here wakes both sides' watches); until then a look at
+        the directory passes it over (:meth:`_take`). True if kept; ``fd`` is closed
+        then, else left to the caller."""
         key = name[: -len(REQUEST_SUFFIX)]
-        temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
         with self._keys:
             if key in self._recycled or len(self._recycled) >= RECYCLED_FILES:
                 return False
@@ -378,44 +392,48 @@ class FileChannel(LeaderFollowers):
             if key in self._recycled or len(self._recycled) >= RECYCLED_FILES:
                 os.close(writer)
                 return False
-            self._recycled[key] = (writer, temporary)  # no reply to it can come before
-        try:
-            os.rename(name, temporary, src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        except OSError:
-            with self._keys:
-                del self._recycled[key]
-            os.close(writer)
-            return False
+            self._recycled[key] = (writer, inode)  # no reply to it can come before
         os.close(fd)
         return True
+
+    def _remove_or_ignore(self, name: str) -> None:
+        """Remove a refused entry, or else never look at it again (the leader's)."""
+        if self._remove(name):
+            return
+        try:
+            inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
+        except OSError:
+            return  # gone after all
+        self._ignored.add((name, inode))
 
     def _take(self, name: str) -> tuple[str, bytes | dict[str, Any]] | None:
         """What to do with one entry: (key, request bytes or refusal), or None to skip."""
         if not _may_be_request(name):
             return None  # a temporary file, or a reply not yet collected
         key = name[: -len(REQUEST_SUFFIX)] if name.endswith(REQUEST_SUFFIX) else ""
-        try:
-            inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            return None
-        if (name, inode) in self._ignored:
-            return None
+        kept = self._recycled.get(key)
+        if self._ignored or kept is not None:  # else no inode to compare: no stat
+            try:
+                inode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                return None
+            if (name, inode) in self._ignored:
+                return None
+            if kept is not None and kept[1] == inode:
+                return None  # read already: the file waits for its reply (_keep_for_reply)
         if not KEY_RE.match(key):
             log.warning("removing %r from the RPC directory: not a request file name", name)
-            if not self._remove(name):
-                self._ignored.add((name, inode))
+            self._remove_or_ignore(name)
             return None
         try:
             return key, self._read_request(name)
         except FileNotFoundError:
             return None  # taken already
         except _Refusal as refusal:
-            if not self._remove(name):
-                self._ignored.add((name, inode))  # answered once; never again
+            self._remove_or_ignore(name)  # answered once; never again
             return key, refusal.reply
         except OSError as exc:
-            if not self._remove(name):
-                self._ignored.add((name, inode))
+            self._remove_or_ignore(name)
             reason = exc.strerror or type(exc).__name__
             return key, messages.error_reply(None, messages.BAD_FRAME, f"unreadable: {reason}")
 
@@ -545,10 +563,15 @@ class FileChannel(LeaderFollowers):
         self.close()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, at: int | None = None) -> None:
+    """Write all of ``data`` at the file's offset, or from offset ``at``."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        if at is None:
+            view = view[os.write(fd, view) :]
+        else:
+            written = os.pwrite(fd, view, at)
+            view, at = view[written:], at + written
 
 
 def _may_be_request(name: str) -> bool:

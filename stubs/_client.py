@@ -317,17 +317,17 @@ class _Connection(object):
 _O_CLOEXEC = getattr(_os, "O_CLOEXEC", 0)
 
 
-def _write_file(path, data, reuse=False):
-    """Write ``data`` to a new file at ``path``, or with ``reuse`` over an existing one,
-    then cut to its length: not O_TRUNC, a truncation to 0, which on ext4 has the close
-    start writing the file out to disk."""
+def _write_file(path, data, reuse=None):
+    """Write ``data`` to a new file at ``path``, or with ``reuse`` (the file's size) over
+    an existing one, then cut to its length if it was longer: not O_TRUNC, a truncation
+    to 0, which on ext4 has the close start writing the file out to disk."""
     flags = _os.O_WRONLY | _O_CLOEXEC | (0 if reuse else _os.O_CREAT | _os.O_TRUNC)
     fd = _os.open(path, flags, 0o666)
     try:
         view = memoryview(data)
         while view:
             view = view[_os.write(fd, view) :]
-        if reuse:
+        if reuse is not None and reuse > len(data):
             _os.ftruncate(fd, len(data))
     finally:
         _os.close(fd)
@@ -344,8 +344,13 @@ def _read_file(path):
     """The file's bytes, and whether it has no other name (its link count is 1)."""
     fd = _os.open(path, _os.O_RDONLY | _O_CLOEXEC)
     try:
-        single = _os.fstat(fd).st_nlink == 1
-        chunks = []
+        info = _os.fstat(fd)
+        single = info.st_nlink == 1
+        # One read for the whole file, as a rule: a regular file's short read is its end.
+        chunk = _os.read(fd, info.st_size + 1)
+        if len(chunk) <= info.st_size:
+            return chunk, single
+        chunks = [chunk]
         while True:
             chunk = _os.read(fd, 1 << 20)
             if not chunk:
@@ -399,6 +404,8 @@ class _ReplyWatch(object):
                 elif found is not None:
                     found.add(data[offset : offset + size].rstrip(b"\0").decode("utf-8", "replace"))
                 offset += size
+            if len(data) < 65536 - 4096:  # all there was: no read to fail saying so
+                return found
 
     def close(self):
         _os.close(self.fd)
@@ -420,9 +427,9 @@ class _FileConnection(object):
 
     _SAFETY_LOOK = 0.05  # with inotify: look anyway this often (an unreported rename)
     _POLL_MIN, _POLL_MAX = 0.0001, 0.005
-    # Reply files read and kept, renamed, to be written again as requests: a call makes
-    # no new inode where the host writes each reply into its request's file (creating
-    # a file on an ext4 without a journal scans past every inode freed lately).
+    # Reply files read and kept, under their own names, to be written again as requests:
+    # a call makes no new inode where the host writes each reply into its request's file
+    # (creating a file on an ext4 without a journal scans past every inode freed lately).
     _SPARES = 16
 
     def __init__(self, directory, token):
@@ -431,8 +438,8 @@ class _FileConnection(object):
         self._max_frame = _max_frame()
         self._ids = _itertools.count(1)
         self._nonce = _os.urandom(6).hex()
-        self._spares = []  # the names of read replies to write again (append/pop: atomic)
-        self._spare_ids = _itertools.count(1)
+        # (name, size) of the read replies to write again (append/pop: atomic)
+        self._spares = []
         # Keyed by reply file name; a reply is the file's bytes, or the OSError reading it.
         self._board = _ReplyBoard()
         try:
@@ -474,11 +481,12 @@ class _FileConnection(object):
         """Write ``data`` into a spare file if there is one, else a new one; its path."""
         while True:
             try:
-                spare = _os.path.join(self._directory, self._spares.pop())
+                name, size = self._spares.pop()
+                spare = _os.path.join(self._directory, name)
             except IndexError:
                 break
             try:
-                _write_file(spare, data, reuse=True)
+                _write_file(spare, data, reuse=size)
             except OSError:  # the host's own file (not writable here), or gone
                 _unlink(spare)
                 continue
@@ -487,18 +495,14 @@ class _FileConnection(object):
         _write_file(temporary, data)
         return temporary
 
-    def _spare(self, path):
-        """Keep the read reply file at ``path`` to be written again, or remove it."""
+    def _spare(self, name, size):
+        """Keep the read reply file ``name`` to be written again, or remove it. It keeps
+        its name (a reply's, which the host passes over, never waited for again: keys
+        are not reused): a rename to a spare name would wake both sides' watches."""
         if len(self._spares) < self._SPARES:
-            name = ".%d-%s-s%d" % (_os.getpid(), self._nonce, next(self._spare_ids))
-            try:
-                _os.rename(path, _os.path.join(self._directory, name))
-            except OSError:
-                pass
-            else:
-                self._spares.append(name)
-                return
-        _unlink(path)
+            self._spares.append((name, size))
+        else:
+            _unlink(_os.path.join(self._directory, name))
 
     def _look_until(self, reply_name):
         """The reply for ``reply_name``, looked for by the caller holding the read turn,
@@ -551,7 +555,7 @@ class _FileConnection(object):
                 # drops its own name) is not written again: the host refuses a request
                 # file with other links.
                 if single:
-                    self._spare(path)
+                    self._spare(name, len(data))
                 else:
                     _unlink(path)
             if name == reply_name:

@@ -30,7 +30,13 @@ from hermes_sandbox import execute_code_async
 from hermes_sandbox import threads as host_threads
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
-from hermes_sandbox.rpc.files import SERVING_THREAD, FileChannel, serve_files
+from hermes_sandbox.rpc.files import (
+    SAFETY_RESCAN,
+    SERVING_THREAD,
+    FileChannel,
+    _Inotify,
+    serve_files,
+)
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.tools.registry import ToolRegistry
@@ -144,6 +150,46 @@ async def test_the_reply_is_written_into_its_request_file(tmp_path: Path) -> Non
         request_inode, reply_inode, reply = await anyio.to_thread.run_sync(go)
     assert reply == {"id": 1, "result": json.dumps({"echo": {"x": 1}})}
     assert reply_inode == request_inode
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.anyio
+async def test_a_call_renames_nothing_but_its_reply_into_the_directory(tmp_path: Path) -> None:
+    """Every rename into the directory wakes both sides' watches: the host keeps a
+    request's file under its name while the tool runs and renames it once, to the
+    reply's name (no temporary name in between)."""
+    handler = CountingHandler()
+    watch = _Inotify(str(tmp_path))  # the host's own inotify wrapper, on its own fd
+    try:
+        async with serving(tmp_path, handler):
+            replies = [await ask(tmp_path, f"r-{k}", request(x=k)) for k in range(3)]
+        renamed = watch.names()
+    finally:
+        watch.close()
+    assert [reply["result"] for reply in replies] == [
+        json.dumps({"echo": {"x": k}}) for k in range(3)
+    ]
+    # The test's own renames (its requests) and the host's: the replies, nothing else.
+    assert renamed == {f"r-{k}.{suffix}" for k in range(3) for suffix in ("req", "rep")}
+
+
+@pytest.mark.anyio
+async def test_a_request_waiting_for_its_reply_is_passed_over_by_a_full_look(
+    tmp_path: Path,
+) -> None:
+    """The request's file keeps its name while the tool runs: a look at every entry
+    (after SAFETY_RESCAN with nothing renamed in) must not take it as a new request."""
+    handler = CountingHandler()
+    async with serving(tmp_path, handler) as channel:
+        await anyio.to_thread.run_sync(put, tmp_path, "slow-1", request(tool="slow"))
+        await handler.called.wait()
+        await anyio.sleep(SAFETY_RESCAN * 2.5)  # two full looks, at least
+        assert (tmp_path / "slow-1.req").exists()
+        assert channel.requests_served == 1
+        handler.release.set()
+        reply = await anyio.to_thread.run_sync(wait_reply, tmp_path, "slow-1")
+    assert "result" in reply
+    assert len(handler.calls) == 1
     assert os.listdir(tmp_path) == []
 
 

@@ -751,16 +751,18 @@ async def test_files_threads_and_a_forked_child_each_get_their_own_answer(
     assert [name for name in os.listdir(calls) if not SPARE_NAME.match(name)] == []
 
 
-SPARE_NAME = re.compile(r"^\.\d+-[0-9a-f]{12}-s\d+$")  # a reply kept to be written again
+# A reply kept, under its own name, to be written again.
+SPARE_NAME = re.compile(r"^\d+-[0-9a-f]{12}-\d+\.rep$")
 
 REUSE_SCRIPT = """
     import json, os
     import hermes_tools
 
-    held, inodes = [], []
+    held, inodes, renamed = [], [], []
     rename = os.rename
 
     def recording_rename(src, dst):
+        renamed.append(os.path.basename(dst))
         if dst.endswith(".req"):  # a request sent: hold its file open, note its inode
             fd = os.open(src, os.O_RDONLY)
             held.append(fd)
@@ -769,7 +771,7 @@ REUSE_SCRIPT = """
 
     os.rename = recording_rename
     answers = [hermes_tools.echo("r%d" % k) for k in range(10)]
-    print(json.dumps({"answers": answers, "inodes": inodes}))
+    print(json.dumps({"answers": answers, "inodes": inodes, "renamed": renamed}))
 """
 
 
@@ -785,6 +787,9 @@ async def test_files_calls_write_their_requests_into_the_replies_files(tmp_path:
     assert out["answers"] == [{"text": f"r{k}"} for k in range(10)]
     assert len(out["inodes"]) == 10
     assert len(set(out["inodes"])) == 1, out["inodes"]
+    # A reply read is kept under its own name: each rename wakes both sides' watches,
+    # so a call's only one here is its request's.
+    assert [name.endswith(".req") for name in out["renamed"]] == [True] * 10, out["renamed"]
 
 
 # -- how the socket client reads replies ----------------------------------------------
