@@ -271,7 +271,7 @@ class FileChannel(LeaderFollowers):
         if recycled is not None:
             written = self._write_recycled(key, frame, recycled[0])
             with self._keys:  # only now: until its rename, <key>.req is passed over
-                del self._recycled[key]
+                self._recycled.pop(key, None)
             if written:
                 return
         # A fresh temporary name, created exclusively: nothing the script planted there
