@@ -1670,3 +1670,19 @@ def test_a_run_returns_once_its_relay_has_ended(server: Server, own_known_hosts:
         if not gone(relay):
             still.append(relay)
     assert not still, f"runs returned with their relay still running: {still}"
+
+
+@pytest.mark.anyio
+async def test_an_environment_left_open_past_the_pools_close_says_so(
+    server: Server, own_known_hosts: str
+) -> None:
+    """close_pooled_connections() ends the connections of environments still open (as
+    at exit): their next command fails saying why, and opens no connection the pool
+    would never close."""
+    config = server.config(known_hosts=own_known_hosts)
+    async with SSHEnvironment(config) as env:
+        assert (await env.execute("echo hi")).output.strip() == "hi"
+        close_pooled_connections()
+        with pytest.raises(EnvironmentFailure, match="was closed"):
+            await env.execute("echo again")
+    assert pool_stats(config).connections_made == 0  # the share is gone, none was made

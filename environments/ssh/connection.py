@@ -281,7 +281,13 @@ class _Share:
             with self.lock:
                 self.prune()
                 conn = next((c for c in self.connections if c.sessions < c.capacity), None)
-                if conn is None and (self.closed or not connect):
+                if conn is None and self.closed:
+                    raise EnvironmentFailure(
+                        f"the pooled SSH connection to {config.login} was closed "
+                        "(close_pooled_connections, or the process is exiting): start a new "
+                        "environment to connect again"
+                    )
+                if conn is None and not connect:
                     raise EnvironmentFailure(f"no open SSH connection to {config.login} has room")
                 if conn is None:
                     try:
