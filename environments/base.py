@@ -97,6 +97,12 @@ class ExecStream(anyio.abc.ByteStream):
     async def wait(self) -> int:
         """Wait for the process to exit; return its exit code."""
 
+    async def wait_reaped(self) -> None:
+        """Once the stream has ended: wait until the process is gone, where the backend
+        says so without polling (ssh: the exit status, which sshd sends once it has
+        reaped the process; the end of a stream comes as the process closes its
+        descriptors, a moment before). Others return at once."""
+
     def send_nowait(self, data: bytes) -> int:
         """Write what of ``data`` the stream takes now without waiting; return how many
         bytes that was (0 if none, or if this stream cannot). Never raises: an error is

@@ -260,6 +260,8 @@ class RelaySession:
     Leaving the context kills whatever still runs and closes the channel.
     ``kill_relay_tree`` is called with the relay's pid when the relay does not answer a
     kill (a script stopped it): it must kill the relay and everything below it.
+    ``relay_reaped``, once the channel has ended, waits until the relay is gone
+    (:meth:`environments.base.ExecStream.wait_reaped`).
     """
 
     def __init__(
@@ -269,9 +271,11 @@ class RelaySession:
         *,
         max_frame_size: int = CHANNEL_FRAME_LIMIT,
         kill_relay_tree: Callable[[int], Awaitable[None]] | None = None,
+        relay_reaped: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._channel = channel
         self._kill_relay_tree = kill_relay_tree
+        self._relay_reaped = relay_reaped
         self.relay_pid: int | None = None
         self._server = server
         self._max_frame_size = max_frame_size  # of the channel's frames from the relay
@@ -324,6 +328,8 @@ class RelaySession:
                             with anyio.CancelScope(shield=True):
                                 with anyio.move_on_after(RELAY_END_SECONDS):
                                     await self._channel_ended.wait()
+                                    if self._relay_reaped is not None:
+                                        await self._relay_reaped()
                     finally:
                         tasks.cancel_scope.cancel()
         finally:

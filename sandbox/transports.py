@@ -101,7 +101,10 @@ async def _under_relay(
     )
     failure: TransportUnavailable | None = None
     async with RelaySession(
-        channel, server, kill_relay_tree=environment.kill_process_tree
+        channel,
+        server,
+        kill_relay_tree=environment.kill_process_tree,
+        relay_reaped=channel.wait_reaped,
     ) as session:
         try:
             await session.start(

@@ -276,6 +276,11 @@ class SSHExecStream(ExecStream):
             return 255
         return int(status)
 
+    async def wait_reaped(self) -> None:
+        status = self._channel.status_event
+        if not status.is_set():
+            await anyio.to_thread.run_sync(status.wait, abandon_on_cancel=True)
+
     async def aclose(self) -> None:
         if self._closed:
             return
