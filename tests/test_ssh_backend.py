@@ -1038,6 +1038,28 @@ def test_idle_connection_closes_after_its_idle_time(server: Server, own_known_ho
     assert not server_processes(ports[0]), "sshd still serves the closed connection"
 
 
+def test_idle_connections_hold_no_thread_each(
+    server: Server, tmp_path: Path, own_known_hosts: str
+) -> None:
+    """A released share waits out its idle time on the pool's one clock thread, not on
+    a timer thread of its own (one per release, started on the run's path): three idle
+    connections, and no timer thread among this process's threads; each still closes
+    after its idle time."""
+    configs = []
+    for n in range(3):
+        known_hosts = tmp_path / f"known_hosts_{n}"  # a pool key, so a connection, each
+        shutil.copyfile(own_known_hosts, known_hosts)
+        options = server.options(known_hosts=str(known_hosts), idle_timeout=2.0)
+        result = execute_code("print(1)", backend="ssh", backend_options=options, timeout=20)
+        assert result.status == "success", result.output
+        configs.append(SSHSettings.from_mapping(options))
+    assert all(pool_stats(config).open_connections == 1 for config in configs)
+    timers = [t.name for t in threading.enumerate() if isinstance(t, threading.Timer)]
+    assert not timers, f"idle shares hold timer threads: {timers}"
+    assert [t.name for t in threading.enumerate()].count("hermes-ssh-pool") == 1
+    assert wait_for(lambda: not any(pool_stats(c).open_connections for c in configs), 10.0)
+
+
 def test_server_going_away_mid_run_ends_the_run(server: Server, own_known_hosts: str) -> None:
     """The sshd processes serving the run's connection are killed while the script
     sleeps: the run ends at once as an error, and the script dies with its relay."""

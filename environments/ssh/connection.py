@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import heapq
+import itertools
 import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +32,10 @@ _KEEPALIVE_SECONDS = 15
 # to start on one share before it stops making them (a remote Python that cannot).
 STANDBY_START_SECONDS = 30.0
 STANDBY_FAILURES = 3
+# How long after a run's relay has ended its standby is started: past the end of that
+# run (its result is shaped and returned in about a millisecond), which the new
+# standby's thread and exec would otherwise slow down.
+STANDBY_DELAY_SECONDS = 0.01
 
 
 # -- connecting ------------------------------------------------------------------------
@@ -178,6 +185,74 @@ def _connect_error(
 # -- the connection pool ---------------------------------------------------------------
 
 
+# -- the pool's clock ------------------------------------------------------------------
+
+
+class _Due:
+    """A call :class:`_Clock` makes later, unless cancelled first."""
+
+    __slots__ = ("args", "cancelled", "fn")
+
+    def __init__(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Clock:
+    """One thread that makes the pool's timed calls (a share's idle expiry, the start
+    of a standby), so that the end of a run starts no thread: ``threading.Timer``
+    started one per release, on the run's path. A due call runs on this thread and
+    must not block for long (one that does starts a thread of its own). Started on
+    first use; a child of ``fork`` (which has no thread but the forker) starts afresh."""
+
+    def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        """No thread and nothing due (the state of a new clock)."""
+        self._changed = threading.Condition(threading.Lock())
+        self._due: list[tuple[float, int, _Due]] = []
+        self._order = itertools.count()  # ties go in the order they were asked for
+        self._running = False
+
+    def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> _Due:
+        due = _Due(fn, args)
+        with self._changed:
+            when, order = time.monotonic() + delay, next(self._order)
+            heapq.heappush(self._due, (when, order, due))
+            if not self._running:
+                try:
+                    threading.Thread(target=self._run, name="hermes-ssh-pool", daemon=True).start()
+                except RuntimeError:  # no thread to be had: nothing will be called
+                    self._due.remove((when, order, due))
+                    heapq.heapify(self._due)
+                    raise
+                self._running = True
+            self._changed.notify()
+        return due
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                due = heapq.heappop(self._due)[2]
+            if due.cancelled:
+                continue
+            try:
+                due.fn(*due.args)
+            except Exception:  # one call's failure must not stop the others'
+                log.exception("the ssh pool's timed call %r failed", due.fn)
+
+
+_CLOCK = _Clock()
+os.register_at_fork(after_in_child=_CLOCK._forget)
+
+
 class _Connection:
     """One logged-in SSH connection and how many of its channels are open."""
 
@@ -237,7 +312,7 @@ class _Share:
         # What the probe found, by (python, workdir), for the connection count it ran
         # at: a new connection (the host may have been changed or restarted) probes anew.
         self.probes: dict[tuple[str, str | None], tuple[int, Any]] = {}
-        self.timer: threading.Timer | None = None
+        self.timer: _Due | None = None  # the idle expiry, while nobody uses the share
         self.lock = threading.Lock()  # connects and channel bookkeeping
         self.standbys: dict[str, Standby] = {}  # by remote python, ready for a run
         self._making: set[str] = set()  # pythons whose standby is being started
@@ -334,9 +409,10 @@ class _Share:
 
     def want_standby(self, config: SSHSettings, python: str, command: str, preload: bytes) -> None:
         """Start a standby relay for ``python`` in the background unless one is ready or
-        on its way: a thread opens a channel on a connection open already, runs
-        ``command`` there, sends ``preload`` (the relay and its codec) and keeps the
-        channel once the relay says ``ready``."""
+        on its way: soon (``STANDBY_DELAY_SECONDS``, past the end of the run that asked),
+        a thread opens a channel on a connection open already, runs ``command`` there,
+        sends ``preload`` (the relay and its codec) and keeps the channel once the relay
+        says ``ready``. Never blocks."""
         with self.lock:
             if (
                 self.closed
@@ -346,6 +422,19 @@ class _Share:
             ):
                 return
             self._making.add(python)
+        try:
+            _CLOCK.call_later(
+                STANDBY_DELAY_SECONDS, self._start_standby, config, python, command, preload
+            )
+        except RuntimeError:  # no thread to be had: runs start their relay themselves
+            with self.lock:
+                self._making.discard(python)
+
+    def _start_standby(
+        self, config: SSHSettings, python: str, command: str, preload: bytes
+    ) -> None:
+        """On the pool's clock: the thread that makes the standby (it waits for a remote
+        Python, which the clock must not)."""
         thread = threading.Thread(
             target=self._make_standby,
             args=(config, python, command, preload),
@@ -461,10 +550,7 @@ class _ConnectionPool:
             if idle_timeout <= 0:
                 self._shares.pop(share.key, None)
             else:
-                timer = threading.Timer(idle_timeout, self._expire, (share,))
-                timer.daemon = True
-                share.timer = timer
-                timer.start()
+                share.timer = _CLOCK.call_later(idle_timeout, self._expire, share)
                 return
         share.close_all()
 
