@@ -12,7 +12,9 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +30,7 @@ import pytest
 
 from hermes_sandbox import execute_code_async
 from hermes_sandbox import threads as host_threads
+from hermes_sandbox.environments.local import MEMORY_PARENT
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
 from hermes_sandbox.rpc.files import (
@@ -39,6 +42,7 @@ from hermes_sandbox.rpc.files import (
 )
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
+from hermes_sandbox.sandbox.transports import FILES_DIR_PREFIX, FILES_MEMORY_ROOM
 from hermes_sandbox.tools.registry import ToolRegistry
 
 TOKEN = "files-token"
@@ -65,6 +69,8 @@ class CountingHandler:
             await self.release.wait()
         if request.tool == "refuse":
             raise CallRefused(messages.NOT_ALLOWED, "not this one")
+        if request.tool == "big":
+            return "x" * int(request.args["size"])
         return json.dumps({"echo": request.args})
 
 
@@ -363,6 +369,82 @@ for t in threads:
     t.join()
 print("ok")
 """
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    """A 64 KB tmpfs of its own (mounting needs root): a call directory that fills up."""
+    where = tmp_path / "small"
+    where.mkdir()
+    mount = shutil.which("mount")
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.anyio
+async def test_a_reply_with_no_room_in_its_filesystem_gets_an_error_reply(
+    small_tmpfs: Path,
+) -> None:
+    """A call directory in a small tmpfs: a 200 KB reply does not fit, and the caller
+    gets an error saying so (not silence until the run's timeout); the next small call
+    is answered as usual."""
+    handler = CountingHandler()
+    async with serving(small_tmpfs, handler):
+        reply = await ask(small_tmpfs, "big", request("big", size=200_000))
+        assert reply["error"]["kind"] == messages.INTERNAL, reply
+        assert "filesystem is full" in reply["error"]["message"]
+        after = await ask(small_tmpfs, "small", request("big", size=10, request_id=2))
+    assert after["result"] == "x" * 10
+
+
+ECHO_DIR_SCRIPT = """import os
+from hermes_tools import echo
+assert echo(text="hi") == {"text": "hi"}
+print(os.environ["HERMES_RPC_DIR"])
+"""
+
+
+@pytest.mark.anyio
+async def test_a_local_files_run_keeps_its_call_directory_in_memory() -> None:
+    """On the local backend the call directory is made in /dev/shm where it has room
+    (fewer, cheaper filesystem operations a call than on a disk), and removed with its
+    run; the script reaches it under bwrap too."""
+    try:
+        free = os.statvfs(MEMORY_PARENT)
+    except OSError:
+        pytest.skip(f"no {MEMORY_PARENT} here")
+    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
+        pytest.skip(f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free")
+    registry = ToolRegistry()
+    registry.register(
+        "echo",
+        "test",
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        lambda args: json.dumps(args),
+    )
+    result = await execute_code_async(
+        ECHO_DIR_SCRIPT, transport="files", tools=["echo"], registry=registry
+    )
+    assert result.status == "success", result.to_dict()
+    directory = Path(result.output.strip())
+    assert str(directory.parent) == MEMORY_PARENT
+    assert directory.name.startswith(FILES_DIR_PREFIX)
+    assert not await anyio.Path(directory).exists()
 
 
 @pytest.mark.anyio
