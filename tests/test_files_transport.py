@@ -42,8 +42,8 @@ from hermes_sandbox.rpc.files import (
 )
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
-from hermes_sandbox.sandbox.transports import FILES_DIR_PREFIX, FILES_MEMORY_ROOM
 from hermes_sandbox.tools.registry import ToolRegistry
+from hermes_sandbox.transports import FILES_DIR_PREFIX, FILES_MEMORY_ROOM
 
 TOKEN = "files-token"
 REPLY_TIMEOUT = 5.0
