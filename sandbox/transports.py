@@ -44,6 +44,7 @@ FILES_DIR_PREFIX = "rpc-"
 # (64 MB) has less, and the directory stays in the stage. A reply that does not fit
 # anyway gets an error reply (rpc/files.py).
 FILES_MEMORY_ROOM = 256 * 1024 * 1024
+FILES_MEMORY_PREFIX = "hermes-sandbox-rpc-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,20 +181,23 @@ async def launch_files(
     # syscalls on this directory, each side; docs/benchmarks.md, "Many runs over files
     # (session 12)"), else in the stage, which is in the shared directory, so the host
     # sees it at this path.
-    directory = await environment.make_memory_dir(FILES_DIR_PREFIX, room=FILES_MEMORY_ROOM)
-    in_memory = directory is not None
-    if directory is None:
-        directory = await environment.make_private_dir(FILES_DIR_PREFIX, parent=script.stage)
+    # In memory, it goes in a private directory of its own, removed as a whole like the
+    # stage: what the script leaves beside it (a renamed directory, its own files) goes
+    # too, never into the shared /dev/shm.
+    memory = await environment.make_memory_dir(FILES_MEMORY_PREFIX, room=FILES_MEMORY_ROOM)
     try:
+        directory = await environment.make_private_dir(
+            FILES_DIR_PREFIX, parent=script.stage if memory is None else memory
+        )
         async with (
             serve_files(server, directory),
             _started(environment, server, script.with_env(HERMES_RPC_DIR=directory)) as process,
         ):
             yield process
     finally:
-        if in_memory:  # not in the stage, which goes with its run
+        if memory is not None:  # not in the stage, which goes with its run
             with anyio.CancelScope(shield=True):
-                await environment.remove_tree(directory)
+                await environment.remove_tree(memory)
 
 
 @asynccontextmanager

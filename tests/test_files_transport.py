@@ -27,10 +27,12 @@ import anyio.to_thread
 import msgpack
 import psutil
 import pytest
+from conftest import bwrap_problem, require
 
 from hermes_sandbox import execute_code_async
 from hermes_sandbox import threads as host_threads
 from hermes_sandbox.environments.local import MEMORY_PARENT
+from hermes_sandbox.environments.local_settings import LocalSettings
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
 from hermes_sandbox.rpc.files import (
@@ -43,7 +45,7 @@ from hermes_sandbox.rpc.files import (
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.tools.registry import ToolRegistry
-from hermes_sandbox.transports import FILES_DIR_PREFIX, FILES_MEMORY_ROOM
+from hermes_sandbox.transports import FILES_DIR_PREFIX, FILES_MEMORY_PREFIX, FILES_MEMORY_ROOM
 
 TOKEN = "files-token"
 REPLY_TIMEOUT = 5.0
@@ -417,10 +419,13 @@ print(os.environ["HERMES_RPC_DIR"])
 
 
 @pytest.mark.anyio
-async def test_a_local_files_run_keeps_its_call_directory_in_memory() -> None:
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_a_local_files_run_keeps_its_call_directory_in_memory(isolation: str) -> None:
     """On the local backend the call directory is made in /dev/shm where it has room
     (fewer, cheaper filesystem operations a call than on a disk), and removed with its
-    run; the script reaches it under bwrap too."""
+    run; under bwrap the script reaches it through its private /dev."""
+    if isolation == "bwrap":
+        require(bwrap_problem(), "a run under bwrap needs a bubblewrap that works here")
     try:
         free = os.statvfs(MEMORY_PARENT)
     except OSError:
@@ -438,13 +443,61 @@ async def test_a_local_files_run_keeps_its_call_directory_in_memory() -> None:
         lambda args: json.dumps(args),
     )
     result = await execute_code_async(
-        ECHO_DIR_SCRIPT, transport="files", tools=["echo"], registry=registry
+        ECHO_DIR_SCRIPT,
+        transport="files",
+        tools=["echo"],
+        registry=registry,
+        backend=LocalSettings(isolation=isolation),
     )
     assert result.status == "success", result.to_dict()
     directory = Path(result.output.strip())
-    assert str(directory.parent) == MEMORY_PARENT
+    assert str(directory.parent.parent) == MEMORY_PARENT
+    assert directory.parent.name.startswith(FILES_MEMORY_PREFIX)
     assert directory.name.startswith(FILES_DIR_PREFIX)
-    assert not await anyio.Path(directory).exists()
+    assert not await anyio.Path(directory.parent).exists()
+
+
+LITTERING_SCRIPT = """import os
+from hermes_tools import echo
+assert echo(text="hi") == {"text": "hi"}
+directory = os.environ["HERMES_RPC_DIR"]
+parent = os.path.dirname(directory)
+os.rename(directory, directory + ".away")
+os.symlink(parent, directory)
+with open(os.path.join(parent, "left-behind"), "w") as f:
+    f.write("x")
+print(directory)
+"""
+
+
+@pytest.mark.anyio
+async def test_what_a_script_leaves_beside_its_call_directory_goes_with_the_run() -> None:
+    """A call directory in memory has a private parent of its own, removed as a whole:
+    a script that renames its directory away, puts a symlink in its place and writes
+    beside it (as it may with no isolation) leaves nothing in the shared /dev/shm."""
+    try:
+        free = os.statvfs(MEMORY_PARENT)
+    except OSError:
+        pytest.skip(f"no {MEMORY_PARENT} here")
+    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
+        pytest.skip(f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free")
+    registry = ToolRegistry()
+    registry.register(
+        "echo",
+        "test",
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        lambda args: json.dumps(args),
+    )
+    result = await execute_code_async(
+        LITTERING_SCRIPT, transport="files", tools=["echo"], registry=registry
+    )
+    assert result.status == "success", result.to_dict()
+    directory = Path(result.output.strip())
+    for left in (directory, Path(f"{directory}.away"), directory.parent / "left-behind"):
+        assert not await anyio.to_thread.run_sync(os.path.lexists, left), left
 
 
 @pytest.mark.anyio
