@@ -9,8 +9,9 @@ transport.
 - ``unix``: the host listens on a Unix socket in the stage directory, which the
   script reaches at the same path (this machine; a container or instance with the
   environment's shared directory bind-mounted).
-- ``files``: request and reply files in the stage directory (rpc/files.py); for a
-  shared directory where a socket is not wanted.
+- ``files``: request and reply files in a directory of the stage's, or in memory where
+  the environment has one with room (``make_memory_dir``: /dev/shm on the local
+  backend) (rpc/files.py); for a shared directory where a socket is not wanted.
 - ``relay``: a stdlib relay in the sandbox carries the script's output, exit status
   and RPC over the backend's exec stream; for any backend that can attach to a
   process's stdin and stdout.
