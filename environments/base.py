@@ -148,6 +148,14 @@ class Runtime(abc.ABC):
         stream relay."""
         return None
 
+    async def make_memory_dir(self, prefix: str, *, room: int) -> str | None:
+        """A fresh private directory, as :meth:`make_private_dir` makes, on a filesystem
+        in memory (tmpfs) that this process and the environment both see at the same
+        path, if there is one with at least ``room`` bytes free now; else None (the
+        default: none is known). For short-lived files both sides touch many times, such
+        as the files transport's calls. The caller removes it (:meth:`remove_tree`)."""
+        return None
+
     @property
     def discards_on_close(self) -> bool:
         """Whether closing the environment now removes everything made in it, files

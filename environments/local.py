@@ -68,6 +68,8 @@ _DRAIN_SECONDS = 1.0
 _LAUNCH_EXIT_SECONDS = 2.0
 # Run by path: beside _proctree, which it imports (importlib.resources would bring
 # zipfile to every run for a path the package's files already give).
+# Where make_memory_dir puts its directories: the tmpfs every Linux system mounts.
+MEMORY_PARENT = "/dev/shm"
 SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
@@ -362,6 +364,22 @@ class LocalEnvironment(Environment, Runtime):
         keeper().keep(made)  # removed if this process dies first
         self._stages.append(made)
         return made
+
+    async def make_memory_dir(self, prefix: str, *, room: int) -> str | None:
+        """In /dev/shm when it is a directory this process may write, with ``room``
+        free (a container's is often 64 MB: then None, and the caller stays on disk).
+        Bound into a bwrap-contained script like every directory made here."""
+        try:
+            free = os.statvfs(MEMORY_PARENT)
+        except OSError:
+            return None
+        if free.f_bavail * free.f_frsize < room or not os.access(MEMORY_PARENT, os.W_OK | os.X_OK):
+            return None
+        try:
+            return await self.make_private_dir(prefix, parent=MEMORY_PARENT)
+        except OSError as exc:
+            log.debug("no directory in %s (%s); staying on disk", MEMORY_PARENT, exc)
+            return None
 
     async def make_stage(
         self,

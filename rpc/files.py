@@ -82,6 +82,10 @@ _EXIT_SECONDS = 2.0
 # (docs/benchmarks.md, "Many runs over files: the benchmark's rounds against single
 # rounds").
 RECYCLED_FILES = 16
+# A reply that finds its filesystem full (ENOSPC, EDQUOT: a small tmpfs, say) is
+# replaced by an error reply of at most this size, which may still fit.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+_NO_ROOM_REPLY_SIZE = 512
 
 _IN_MOVED_TO = 0x00000080
 _IN_Q_OVERFLOW = 0x00004000
@@ -274,6 +278,23 @@ class FileChannel(LeaderFollowers):
                 self._recycled.pop(key, None)
             if written:
                 return
+        error = self._write_fresh(key, frame)
+        if error is not None and error.errno in _NO_ROOM and len(frame) > _NO_ROOM_REPLY_SIZE:
+            # A filesystem full (a small tmpfs, say): the caller learns why, not nothing.
+            log.warning("no room for the %d-byte reply to %s: %s", len(frame), key, error)
+            refusal = messages.error_reply(
+                None,
+                messages.INTERNAL,
+                f"the reply ({len(frame)} bytes) did not fit in the call directory: its "
+                f"filesystem is full ({error.strerror}); return less per call",
+            )
+            error = self._write_fresh(key, encode_frame(refusal))
+        if error is not None:
+            log.warning("could not write the reply to %s: %s", key, error)
+
+    def _write_fresh(self, key: str, frame: bytes) -> OSError | None:
+        """Write the reply into a new file and rename it to <key>.rep; the error if not
+        (the directory is full, or the reply's name is taken), leaving nothing behind."""
         # A fresh temporary name, created exclusively: nothing the script planted there
         # (a FIFO, a symlink) is opened.
         temporary = f".{key}{REPLY_SUFFIX}.{secrets.token_hex(6)}.tmp"
@@ -289,9 +310,10 @@ class FileChannel(LeaderFollowers):
             finally:
                 os.close(fd)
             os.rename(temporary, key + REPLY_SUFFIX, src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        except OSError as exc:  # the directory is full or its reply name is taken
-            log.warning("could not write the reply to %s: %s", key, exc)
+            return None
+        except OSError as exc:
             self._remove(temporary)
+            return exc
 
     def _write_recycled(self, key: str, frame: bytes, fd: int) -> bool:
         """Write the reply into its request's own file, kept open since it was read

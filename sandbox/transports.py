@@ -9,8 +9,9 @@ transport.
 - ``unix``: the host listens on a Unix socket in the stage directory, which the
   script reaches at the same path (this machine; a container or instance with the
   environment's shared directory bind-mounted).
-- ``files``: request and reply files in the stage directory (rpc/files.py); for a
-  shared directory where a socket is not wanted.
+- ``files``: request and reply files in a directory of the stage's, or in memory where
+  the environment has one with room (``make_memory_dir``: /dev/shm on the local
+  backend) (rpc/files.py); for a shared directory where a socket is not wanted.
 - ``relay``: a stdlib relay in the sandbox carries the script's output, exit status
   and RPC over the backend's exec stream; for any backend that can attach to a
   process's stdin and stdout.
@@ -38,6 +39,13 @@ if TYPE_CHECKING:  # the command line reads TRANSPORTS for its choices, without 
 
 SOCKET_NAME = "rpc.sock"
 FILES_DIR_PREFIX = "rpc-"
+# The free space a filesystem in memory must have for a files run's call directory to go
+# there: 64 requests or replies at the default 4 MB frame cap, the most that one run's
+# threads have in flight at once in all but extreme scripts. A container's /dev/shm
+# (64 MB) has less, and the directory stays in the stage. A reply that does not fit
+# anyway gets an error reply (rpc/files.py).
+FILES_MEMORY_ROOM = 256 * 1024 * 1024
+FILES_MEMORY_PREFIX = "hermes-sandbox-rpc-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,16 +176,32 @@ async def launch_unix(
 async def launch_files(
     environment: Runtime, server: RPCServer, script: Script
 ) -> AsyncIterator[Any]:
+    import anyio
+
     from hermes_sandbox.rpc.files import serve_files  # only files runs need it
 
     # Made by the sandbox's user, who must write there (the host can, as its owner or
-    # as root): the stage is in the shared directory, so the host sees it at this path.
-    directory = await environment.make_private_dir(FILES_DIR_PREFIX, parent=script.stage)
-    async with (
-        serve_files(server, directory),
-        _started(environment, server, script.with_env(HERMES_RPC_DIR=directory)) as process,
-    ):
-        yield process
+    # as root): in memory where the environment has room there (a call is a dozen
+    # syscalls on this directory, each side; docs/benchmarks.md, "Many runs over files
+    # (session 12)"), else in the stage, which is in the shared directory, so the host
+    # sees it at this path.
+    # In memory, it goes in a private directory of its own, removed as a whole like the
+    # stage: what the script leaves beside it (a renamed directory, its own files) goes
+    # too, never into the shared /dev/shm.
+    memory = await environment.make_memory_dir(FILES_MEMORY_PREFIX, room=FILES_MEMORY_ROOM)
+    try:
+        directory = await environment.make_private_dir(
+            FILES_DIR_PREFIX, parent=script.stage if memory is None else memory
+        )
+        async with (
+            serve_files(server, directory),
+            _started(environment, server, script.with_env(HERMES_RPC_DIR=directory)) as process,
+        ):
+            yield process
+    finally:
+        if memory is not None:  # not in the stage, which goes with its run
+            with anyio.CancelScope(shield=True):
+                await environment.remove_tree(memory)
 
 
 @asynccontextmanager

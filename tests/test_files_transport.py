@@ -12,7 +12,9 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -25,9 +27,12 @@ import anyio.to_thread
 import msgpack
 import psutil
 import pytest
+from conftest import bwrap_problem, require
 
 from hermes_sandbox import execute_code_async
 from hermes_sandbox import threads as host_threads
+from hermes_sandbox.environments.local import MEMORY_PARENT
+from hermes_sandbox.environments.local_settings import LocalSettings
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
 from hermes_sandbox.rpc.files import (
@@ -40,6 +45,7 @@ from hermes_sandbox.rpc.files import (
 from hermes_sandbox.rpc.messages import Request
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.tools.registry import ToolRegistry
+from hermes_sandbox.transports import FILES_DIR_PREFIX, FILES_MEMORY_PREFIX, FILES_MEMORY_ROOM
 
 TOKEN = "files-token"
 REPLY_TIMEOUT = 5.0
@@ -65,6 +71,8 @@ class CountingHandler:
             await self.release.wait()
         if request.tool == "refuse":
             raise CallRefused(messages.NOT_ALLOWED, "not this one")
+        if request.tool == "big":
+            return "x" * int(request.args["size"])
         return json.dumps({"echo": request.args})
 
 
@@ -363,6 +371,133 @@ for t in threads:
     t.join()
 print("ok")
 """
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    """A 64 KB tmpfs of its own (mounting needs root): a call directory that fills up."""
+    where = tmp_path / "small"
+    where.mkdir()
+    mount = shutil.which("mount")
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.anyio
+async def test_a_reply_with_no_room_in_its_filesystem_gets_an_error_reply(
+    small_tmpfs: Path,
+) -> None:
+    """A call directory in a small tmpfs: a 200 KB reply does not fit, and the caller
+    gets an error saying so (not silence until the run's timeout); the next small call
+    is answered as usual."""
+    handler = CountingHandler()
+    async with serving(small_tmpfs, handler):
+        reply = await ask(small_tmpfs, "big", request("big", size=200_000))
+        assert reply["error"]["kind"] == messages.INTERNAL, reply
+        assert "filesystem is full" in reply["error"]["message"]
+        after = await ask(small_tmpfs, "small", request("big", size=10, request_id=2))
+    assert after["result"] == "x" * 10
+
+
+ECHO_DIR_SCRIPT = """import os
+from hermes_tools import echo
+assert echo(text="hi") == {"text": "hi"}
+print(os.environ["HERMES_RPC_DIR"])
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_a_local_files_run_keeps_its_call_directory_in_memory(isolation: str) -> None:
+    """On the local backend the call directory is made in /dev/shm where it has room
+    (fewer, cheaper filesystem operations a call than on a disk), and removed with its
+    run; under bwrap the script reaches it through its private /dev."""
+    if isolation == "bwrap":
+        require(bwrap_problem(), "a run under bwrap needs a bubblewrap that works here")
+    try:
+        free = os.statvfs(MEMORY_PARENT)
+    except OSError:
+        pytest.skip(f"no {MEMORY_PARENT} here")
+    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
+        pytest.skip(f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free")
+    registry = ToolRegistry()
+    registry.register(
+        "echo",
+        "test",
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        lambda args: json.dumps(args),
+    )
+    result = await execute_code_async(
+        ECHO_DIR_SCRIPT,
+        transport="files",
+        tools=["echo"],
+        registry=registry,
+        backend=LocalSettings(isolation=isolation),
+    )
+    assert result.status == "success", result.to_dict()
+    directory = Path(result.output.strip())
+    assert str(directory.parent.parent) == MEMORY_PARENT
+    assert directory.parent.name.startswith(FILES_MEMORY_PREFIX)
+    assert directory.name.startswith(FILES_DIR_PREFIX)
+    assert not await anyio.Path(directory.parent).exists()
+
+
+LITTERING_SCRIPT = """import os
+from hermes_tools import echo
+assert echo(text="hi") == {"text": "hi"}
+directory = os.environ["HERMES_RPC_DIR"]
+parent = os.path.dirname(directory)
+os.rename(directory, directory + ".away")
+os.symlink(parent, directory)
+with open(os.path.join(parent, "left-behind"), "w") as f:
+    f.write("x")
+print(directory)
+"""
+
+
+@pytest.mark.anyio
+async def test_what_a_script_leaves_beside_its_call_directory_goes_with_the_run() -> None:
+    """A call directory in memory has a private parent of its own, removed as a whole:
+    a script that renames its directory away, puts a symlink in its place and writes
+    beside it (as it may with no isolation) leaves nothing in the shared /dev/shm."""
+    try:
+        free = os.statvfs(MEMORY_PARENT)
+    except OSError:
+        pytest.skip(f"no {MEMORY_PARENT} here")
+    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
+        pytest.skip(f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free")
+    registry = ToolRegistry()
+    registry.register(
+        "echo",
+        "test",
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        lambda args: json.dumps(args),
+    )
+    result = await execute_code_async(
+        LITTERING_SCRIPT, transport="files", tools=["echo"], registry=registry
+    )
+    assert result.status == "success", result.to_dict()
+    directory = Path(result.output.strip())
+    for left in (directory, Path(f"{directory}.away"), directory.parent / "left-behind"):
+        assert not await anyio.to_thread.run_sync(os.path.lexists, left), left
 
 
 @pytest.mark.anyio
