@@ -373,6 +373,17 @@ print("ok")
 """
 
 
+def memory_problem() -> str | None:
+    """Why this machine has no room for a call directory in memory, or None."""
+    try:
+        free = os.statvfs(MEMORY_PARENT)
+    except OSError:
+        return f"no {MEMORY_PARENT} here"
+    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
+        return f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free"
+    return None
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Any:
     """A 64 KB tmpfs of its own (mounting needs root): a call directory that fills up."""
@@ -380,7 +391,8 @@ def small_tmpfs(tmp_path: Path) -> Any:
     where.mkdir()
     mount = shutil.which("mount")
     if mount is None or os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+        require("mounting one needs root and mount(8)", "a small tmpfs")
+    assert mount is not None
     done = subprocess.run(
         [mount, "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
         capture_output=True,
@@ -388,7 +400,7 @@ def small_tmpfs(tmp_path: Path) -> Any:
         check=False,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+        require(f"mount failed: {done.stderr.strip()}", "a small tmpfs")
     try:
         yield where
     finally:
@@ -426,12 +438,7 @@ async def test_a_local_files_run_keeps_its_call_directory_in_memory(isolation: s
     run; under bwrap the script reaches it through its private /dev."""
     if isolation == "bwrap":
         require(bwrap_problem(), "a run under bwrap needs a bubblewrap that works here")
-    try:
-        free = os.statvfs(MEMORY_PARENT)
-    except OSError:
-        pytest.skip(f"no {MEMORY_PARENT} here")
-    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
-        pytest.skip(f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free")
+    require(memory_problem(), "a call directory in memory")
     registry = ToolRegistry()
     registry.register(
         "echo",
@@ -475,12 +482,7 @@ async def test_what_a_script_leaves_beside_its_call_directory_goes_with_the_run(
     """A call directory in memory has a private parent of its own, removed as a whole:
     a script that renames its directory away, puts a symlink in its place and writes
     beside it (as it may with no isolation) leaves nothing in the shared /dev/shm."""
-    try:
-        free = os.statvfs(MEMORY_PARENT)
-    except OSError:
-        pytest.skip(f"no {MEMORY_PARENT} here")
-    if free.f_bavail * free.f_frsize < FILES_MEMORY_ROOM:
-        pytest.skip(f"{MEMORY_PARENT} has under {FILES_MEMORY_ROOM} bytes free")
+    require(memory_problem(), "a call directory in memory")
     registry = ToolRegistry()
     registry.register(
         "echo",
