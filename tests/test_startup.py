@@ -73,6 +73,8 @@ NOT_IMPORTED = (
     "hermes_sandbox.tools.web.providers",
     "hermes_sandbox.tools.web.direct",
     "hermes_sandbox.tools.web.guard",
+    # The patch tool's diffs.
+    "difflib",
 )
 
 # The console script's entry point, run in-process; then sys.modules, into a file
