@@ -58,7 +58,7 @@ _LAZY = {
     "run_code": "hermes_sandbox.runner",
     "AsyncSession": "hermes_sandbox.session",
     "Session": "hermes_sandbox.session",
-    "ApprovalPolicy": "hermes_sandbox.tools.approval",
+    "ApprovalPolicy": "hermes_sandbox.tools.approval_policy",
     "tool": "hermes_sandbox.tools.decorator",
     "ToolContext": "hermes_sandbox.tools.registry",
     "ToolRegistry": "hermes_sandbox.tools.registry",
@@ -96,7 +96,7 @@ if TYPE_CHECKING:
     from hermes_sandbox.result import ExecutionResult
     from hermes_sandbox.runner import RunError, run_code
     from hermes_sandbox.session import AsyncSession, Session
-    from hermes_sandbox.tools.approval import ApprovalPolicy
+    from hermes_sandbox.tools.approval_policy import ApprovalPolicy
     from hermes_sandbox.tools.decorator import tool
     from hermes_sandbox.tools.registry import (
         ToolContext,

@@ -34,7 +34,7 @@ from hermes_sandbox.transports import TRANSPORTS
 if TYPE_CHECKING:
     import anyio
 
-    from hermes_sandbox.tools.approval import Approval, ApprovalPolicy
+    from hermes_sandbox.tools.approval_policy import Approval, ApprovalPolicy
 
 USAGE_ERROR = 2
 # Commands whose parser needs nothing beyond this module: a command line naming one of
@@ -181,7 +181,7 @@ def _selected_tools(args: argparse.Namespace, config: Config) -> list[str] | Non
 
 # -- approvals ---------------------------------------------------------------------------
 
-# Each answer -> the value of its tools.approval.Approval.
+# Each answer -> the value of its tools.approval_policy.Approval.
 _ANSWERS = {
     "o": "once",
     "once": "once",
@@ -223,7 +223,7 @@ class TerminalPrompt:
 
         import anyio
 
-        from hermes_sandbox.tools.approval import Approval
+        from hermes_sandbox.tools.approval_policy import Approval
 
         if self._lock is None:
             self._lock = anyio.Lock()
@@ -286,7 +286,7 @@ def _approval_policy(
     Not ``for_run`` (a --session run, whose policy the daemon holds): only the
     --allow-command entries are checked, and None is the answer."""
     if args.allow_command or for_run:
-        from hermes_sandbox.tools.approval import ApprovalPolicy
+        from hermes_sandbox.tools.approval_policy import ApprovalPolicy
     for entry in args.allow_command:
         try:
             ApprovalPolicy(allowlist=[entry])

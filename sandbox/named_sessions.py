@@ -31,7 +31,7 @@ from hermes_sandbox import sessions_wire as wire
 from hermes_sandbox.errors import SandboxError
 from hermes_sandbox.session import AsyncSession
 from hermes_sandbox.sessions_wire import SessionsError, sessions_dir
-from hermes_sandbox.tools.approval import ApprovalPolicy
+from hermes_sandbox.tools.approval_policy import ApprovalPolicy
 
 LINGER = 600.0  # seconds the daemon stays with no session before it exits
 log = logging.getLogger(__name__)

@@ -62,6 +62,19 @@ NOT_IMPORTED = (
     # The supervisor's path and the stub sources are read beside their modules.
     "importlib.resources",
     "zipfile",
+    # The command detector: the run's approval policy loads it at its first check.
+    "hermes_sandbox.tools.approval",
+    "hermes_sandbox.tools.shell_words",
+    "hermes_sandbox.tools.routine_patterns",
+    # The blocking portal: a run dispatches its calls in its own event loop.
+    "hermes_sandbox.tools.async_bridge",
+    "anyio.from_thread",
+    # The web tools' machinery: unconfigured, their check_fns read the environment only.
+    "hermes_sandbox.tools.web.providers",
+    "hermes_sandbox.tools.web.direct",
+    "hermes_sandbox.tools.web.guard",
+    # The patch tool's diffs.
+    "difflib",
 )
 
 # The console script's entry point, run in-process; then sys.modules, into a file

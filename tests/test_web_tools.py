@@ -307,6 +307,15 @@ def test_both_tools_are_registered_async_in_the_web_toolset() -> None:
     assert extract.requires_env == ("HERMES_WEB_EXTRACT", "FIRECRAWL_API_KEY")
 
 
+def test_the_search_check_reads_what_the_providers_read() -> None:
+    # The check_fn answers an environment with none of these set without importing the
+    # providers: it must name every variable a provider is configured by.
+    from hermes_sandbox.tools.web.providers import SEARCH_PROVIDERS
+
+    read = tuple(var for cls in SEARCH_PROVIDERS.values() for var in cls.required_env)
+    assert read == web_tools.SEARCH_ENV
+
+
 @pytest.mark.anyio
 async def test_the_shared_registry_serves_them(
     site: LocalHTTPServer, monkeypatch: pytest.MonkeyPatch

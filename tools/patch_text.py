@@ -4,7 +4,6 @@ to edit from the run's environment, its text (decoding, line endings) and the di
 
 from __future__ import annotations
 
-import difflib
 import re
 
 from hermes_sandbox.environments.base import Runtime
@@ -142,6 +141,8 @@ _RANGE = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 def unified_diff(before: str, after: str, old_label: str, new_label: str) -> str:
     """A unified diff of one file; only the changed region goes through difflib."""
+    import difflib  # with heapq, for the patch tool's replies only: not at registration
+
     a, b = _display_lines(before), _display_lines(after)
     # Trim the common head and tail first: difflib is slow on big files.
     head = 0

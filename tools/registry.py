@@ -47,7 +47,6 @@ import anyio.to_thread
 
 from hermes_sandbox.threads import tool_limiter
 from hermes_sandbox.tools.arguments import ToolArguments, describe_problems
-from hermes_sandbox.tools.async_bridge import run_awaitable
 from hermes_sandbox.tools.capping import cap_result
 
 if TYPE_CHECKING:
@@ -406,6 +405,10 @@ class ToolRegistry:
                 return refusal
             result = self._invoke(entry, args, ctx)
             if inspect.isawaitable(result):
+                # The portal (with anyio.from_thread) only where a sync caller meets an
+                # async handler: a run dispatches with adispatch, and never needs it.
+                from hermes_sandbox.tools.async_bridge import run_awaitable
+
                 result = run_awaitable(result)
             return self._finish(entry, result)
         except Exception as exc:

@@ -1,15 +1,15 @@
 """The terminal tool: run a foreground shell command where the script runs.
 
-Before running, the command goes through the run's approval policy (``ctx.approval``,
-a :class:`tools.approval.ApprovalPolicy`); a run without one gets a policy with no one to
-ask, so dangerous commands are refused by default.
+Before running, the command goes through the run's approval policy (``ctx.approval``, a
+:class:`tools.approval_policy.ApprovalPolicy`); a run without one gets a policy with no one
+to ask, so dangerous commands are refused by default.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hermes_sandbox.tools.approval import ApprovalPolicy
+from hermes_sandbox.tools.approval_policy import ApprovalPolicy
 from hermes_sandbox.tools.registry import ToolContext, registry, tool_error, tool_result
 from hermes_sandbox.truncation import cut_middle_encoded
 

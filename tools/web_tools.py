@@ -21,16 +21,18 @@ import anyio
 
 from hermes_sandbox.tools.handler_args import int_arg
 from hermes_sandbox.tools.registry import registry, tool_error, tool_result
-from hermes_sandbox.tools.web.base import ExtractProvider
 from hermes_sandbox.tools.web.client import missing_libraries, open_client, setting, web_timeout
-from hermes_sandbox.tools.web.direct import DirectExtract
 from hermes_sandbox.tools.web.errors import NotConfiguredError, PageError, ProviderError
-from hermes_sandbox.tools.web.guard import DestinationPolicy
-from hermes_sandbox.tools.web.providers import FirecrawlExtract, search_provider_from_env
 from hermes_sandbox.truncation import cut_middle
 
 if TYPE_CHECKING:
     import httpx
+
+    from hermes_sandbox.tools.web.base import ExtractProvider
+
+# The providers, direct fetching and its destination guard (socket, ipaddress, their
+# dataclasses) are imported when a call or a check_fn needs them: registering the two
+# tools, which every run does, needs only their schemas.
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,8 @@ async def web_search(args: dict[str, Any]) -> str:
     missing = _missing_libraries_error()
     if missing:
         return missing
+    from hermes_sandbox.tools.web.providers import search_provider_from_env
+
     try:
         provider = search_provider_from_env()
         timeout = web_timeout()
@@ -105,7 +109,17 @@ async def web_search(args: dict[str, Any]) -> str:
     return tool_result(query=query, provider=provider.name, results=[asdict(hit) for hit in hits])
 
 
+# What the search providers read to find their configuration (each provider's
+# ``required_env``; a test holds the two equal).
+SEARCH_ENV = ("SEARXNG_URL", "BRAVE_SEARCH_API_KEY", "TAVILY_API_KEY")
+
+
 def _search_available() -> bool:
+    # Nothing set, nothing configured: answered without importing the providers.
+    if not any(setting(os.environ, name) for name in ("HERMES_WEB_SEARCH_PROVIDER", *SEARCH_ENV)):
+        return False
+    from hermes_sandbox.tools.web.providers import search_provider_from_env
+
     try:
         search_provider_from_env()
     except NotConfiguredError:
@@ -140,6 +154,10 @@ def extract_provider_from_env(environ: Mapping[str, str] | None = None) -> Extra
     HERMES_WEB_EXTRACT=direct or =firecrawl chooses; unset, FIRECRAWL_API_KEY means
     Firecrawl. Direct fetching reads its DestinationPolicy here too.
     """
+    from hermes_sandbox.tools.web.direct import DirectExtract
+    from hermes_sandbox.tools.web.guard import DestinationPolicy
+    from hermes_sandbox.tools.web.providers import FirecrawlExtract
+
     environ = os.environ if environ is None else environ
     wanted = setting(environ, "HERMES_WEB_EXTRACT").lower()
     key = setting(environ, "FIRECRAWL_API_KEY")
@@ -256,6 +274,11 @@ async def web_extract(args: dict[str, Any]) -> str:
 
 
 def _extract_available() -> bool:
+    # Neither set: extract_provider_from_env would refuse, answered without its imports.
+    if not setting(os.environ, "HERMES_WEB_EXTRACT") and not setting(
+        os.environ, "FIRECRAWL_API_KEY"
+    ):
+        return False
     try:
         extract_provider_from_env()
     except NotConfiguredError:
@@ -269,7 +292,7 @@ registry.register(
     schema=WEB_SEARCH_SCHEMA,
     handler=web_search,
     check_fn=_search_available,
-    requires_env=("SEARXNG_URL", "BRAVE_SEARCH_API_KEY", "TAVILY_API_KEY"),
+    requires_env=SEARCH_ENV,
     emoji="🔍",
 )
 registry.register(
