@@ -45,11 +45,11 @@ _packers = threading.local()
 
 
 def _pack(message: dict[str, Any]) -> bytes | memoryview:
-    """The msgpack body of ``message``: for any but a reply with a short result, a view
-    of a new packer's own buffer (``packb`` would copy that buffer into a bytes object,
-    a copy of every byte of a large reply)."""
+    """The msgpack body of ``message``: for any but a reply (id and result) with a short
+    result, a view of a new packer's own buffer (``packb`` would copy that buffer into a
+    bytes object, a copy of every byte of a large reply)."""
     result = message.get("result")
-    if type(result) is str and len(result) < _KEPT_PACKER_UP_TO:
+    if type(result) is str and len(result) < _KEPT_PACKER_UP_TO and len(message) == 2:
         try:
             pack = _packers.pack
         except AttributeError:
