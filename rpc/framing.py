@@ -23,6 +23,7 @@ lines; docs/protocol.md is the contract both follow.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -36,11 +37,25 @@ HEADER_SIZE = HEADER.size
 _RECEIVE_CHUNK = 256 * 1024
 
 _packer_options = {"use_bin_type": True}
+# A reply whose result is shorter than this is packed by its thread's own Packer, kept
+# from call to call (building one costs more than packing a short reply); its buffer
+# stays as small as they are.
+_KEPT_PACKER_UP_TO = 16 * 1024
+_packers = threading.local()
 
 
-def _pack(message: dict[str, Any]) -> memoryview:
-    """The msgpack body of ``message``, as a view of the packer's own buffer: ``packb``
-    would copy that buffer into a bytes object, a copy of every byte of a large reply."""
+def _pack(message: dict[str, Any]) -> bytes | memoryview:
+    """The msgpack body of ``message``: for any but a reply (id and result) with a short
+    result, a view of a new packer's own buffer (``packb`` would copy that buffer into a
+    bytes object, a copy of every byte of a large reply)."""
+    result = message.get("result")
+    if type(result) is str and len(result) < _KEPT_PACKER_UP_TO and len(message) == 2:
+        try:
+            pack = _packers.pack
+        except AttributeError:
+            pack = _packers.pack = msgpack.Packer(**_packer_options).pack
+        body: bytes = pack(message)
+        return body
     packer = msgpack.Packer(autoreset=False, **_packer_options)
     packer.pack(message)
     return packer.getbuffer()
@@ -52,7 +67,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def encode_frame_parts(message: dict[str, Any]) -> tuple[bytes, memoryview]:
+def encode_frame_parts(message: dict[str, Any]) -> tuple[bytes, bytes | memoryview]:
     """One message as its frame's header and body, not joined: a large body is then
     written without the copy that joining it to four bytes costs."""
     body = _pack(message)
@@ -96,6 +111,8 @@ class FrameSplitter:
         return bool(self._buffer) or bool(self._need)
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buffer and not self._need and type(data) is bytes:
+            return self._feed_whole(data)
         buffer = self._buffer
         buffer += data
         bodies: list[bytes] = []
@@ -104,10 +121,7 @@ class FrameSplitter:
                 if len(buffer) < HEADER_SIZE:
                     return bodies
                 (size,) = HEADER.unpack_from(buffer)
-                if size == 0:
-                    raise FrameError("frame of length 0")
-                if size > self._max_frame_size:
-                    raise FrameTooLarge(size, self._max_frame_size)
+                self._check(size)
                 self._need = size
                 del buffer[:HEADER_SIZE]
             if len(buffer) < self._need:
@@ -120,6 +134,34 @@ class FrameSplitter:
                 body = bytes(buffer[:size])
                 del buffer[:size]
             bodies.append(body)
+
+    def _feed_whole(self, data: bytes) -> list[bytes]:
+        """:meth:`feed` with nothing held, the common case of a stream of small frames
+        each read whole: the bodies are sliced from ``data`` itself, and only an
+        unfinished frame's bytes are copied into the buffer (leaving the state the
+        byte-by-byte path would)."""
+        bodies: list[bytes] = []
+        offset = 0
+        end = len(data)
+        while end - offset >= HEADER_SIZE:
+            (size,) = HEADER.unpack_from(data, offset)
+            self._check(size)
+            start = offset + HEADER_SIZE
+            offset = start + size
+            if offset > end:
+                self._need = size
+                self._buffer += memoryview(data)[start:]
+                return bodies
+            bodies.append(data[start:offset])
+        if offset < end:
+            self._buffer += memoryview(data)[offset:]
+        return bodies
+
+    def _check(self, size: int) -> None:
+        if size == 0:
+            raise FrameError("frame of length 0")
+        if size > self._max_frame_size:
+            raise FrameTooLarge(size, self._max_frame_size)
 
 
 class FrameDecoder(FrameSplitter):

@@ -161,13 +161,21 @@ class RPCServer:
         """The reply to ``request``, made on this thread, which blocks as long as the
         tool does; None when the call needs the event loop (:meth:`reply_later`).
         Call it from a worker thread, never from the event loop."""
-        if self._answer_blocking is None:
+        answer = self._answer_blocking
+        if answer is None:
             return None
-        self._begin_call()
+        # _begin_call and _reply written out: this is every plain call's path.
+        with self._lock:
+            self._calls += 1
         try:
-            return self._reply(self._answer_blocking, request)
+            result = answer(request)
+        except CallRefused as exc:
+            return messages.error_reply(request.id, exc.kind, exc.message)
+        except Exception as exc:
+            return _internal_error(request, exc)
         finally:
             self._end_call()
+        return None if result is None else {"id": request.id, "result": result}
 
     async def reply_later(self, request: Request) -> Reply:
         """The reply to ``request``, waiting for its tool as long as it takes (the

@@ -83,11 +83,14 @@ class _ThreadedConnection(LeaderFollowers):
             # in flight still answer.
             return False
         try:
-            self._ready.extend((item, None) for item in self._reader.feed(data))
+            items = self._reader.feed(data)
         except FrameError as exc:
             self._send(self._server.framing_refusal(exc), None)
             self._linger()
             return False
+        ready = self._ready
+        for item in items:
+            ready.append((item, None))
         return True
 
     def _linger(self) -> None:

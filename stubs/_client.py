@@ -15,8 +15,20 @@ import time as _time
 try:
     import msgpack as _mp
 
+    # Each thread keeps a Packer (packb builds one on every call, which costs more than
+    # packing a small request); one that packed a large request is let go, with its buffer.
+    _packers = _threading.local()
+    _KEEP_PACKER_UP_TO = 64 * 1024
+
     def _pack(obj):
-        return _mp.packb(obj, use_bin_type=True)
+        try:
+            pack = _packers.pack
+        except AttributeError:
+            pack = _packers.pack = _mp.Packer(use_bin_type=True).pack
+        body = pack(obj)
+        if len(body) > _KEEP_PACKER_UP_TO:
+            del _packers.pack
+        return body
 
     def _unpack(data):
         return _mp.unpackb(data, raw=False, strict_map_key=False)
@@ -80,26 +92,25 @@ class _ReplyBoard(object):
     it returns the reply another caller delivered to it; or, when no caller holds the
     read turn, takes it and returns what ``read_until(key)`` reads, that caller handing
     the replies of others to them with :meth:`deliver` as they come; or else it sleeps
-    on its own :class:`_Waiter`. The caller leaving the turn wakes one still waiting,
-    which takes the turn on. After :meth:`fail` every wait, now and later, raises.
+    on its own :class:`_Waiter`, made only then (a lone caller never sleeps: it always
+    finds the turn free). The caller leaving the turn wakes one still sleeping, which
+    takes the turn on. After :meth:`fail` every wait, now and later, raises.
     """
 
     __slots__ = ("_arrived", "_lock", "_reading", "_waiting", "failure")
 
     def __init__(self):
         self._lock = _threading.Lock()  # guards the four below and each _Waiter's flag
-        self._waiting = {}  # key -> the _Waiter of the call still waiting
+        # key -> the _Waiter of the call still waiting, None until it sleeps
+        self._waiting = {}
         self._arrived = {}  # key -> its reply (never None), read by another caller
         self._reading = False  # a caller holds the read turn
         self.failure = None  # the error that ended the connection
 
     def register(self, key):
-        """The new call's :class:`_Waiter`, registered before its request is sent (its
-        reply may be quick)."""
-        waiter = _Waiter()
+        """Register a new call before its request is sent (its reply may be quick)."""
         with self._lock:
-            self._waiting[key] = waiter
-        return waiter
+            self._waiting[key] = None
 
     def forget(self, key):
         """A registered call that leaves without its reply and without the read turn
@@ -111,11 +122,12 @@ class _ReplyBoard(object):
             if not self._reading:
                 self._wake_one()
 
-    def wait(self, key, waiter, read_until):
+    def wait(self, key, read_until):
         """The reply for ``key``: delivered by the caller holding the read turn, or read
         by ``read_until(key)`` once this caller takes the turn. Raises :attr:`failure`
         once set, or what ``read_until`` raises."""
         lock = self._lock
+        waiter = None
         try:
             while True:
                 with lock:
@@ -127,6 +139,8 @@ class _ReplyBoard(object):
                     if not self._reading:
                         self._reading = True
                         break
+                    if waiter is None:  # the first time it must sleep
+                        waiter = self._waiting[key] = _Waiter()
                 waiter.lock.acquire()  # woken by its reply, a failure, or to take the turn
                 with lock:
                     waiter.woken = False  # only now: never released twice, never lost
@@ -142,19 +156,23 @@ class _ReplyBoard(object):
                 self._wake_one()  # one caller still waiting reads on
 
     def _wake_one(self):
-        """Under the lock: wake one waiting caller to take the read turn."""
+        """Under the lock: wake one sleeping caller to take the read turn (one not yet
+        asleep finds the turn free when it comes to wait)."""
         for other in self._waiting.values():
-            other.wake()
-            break
+            if other is not None:
+                other.wake()
+                break
 
     def deliver(self, key, reply):
         """Hand ``reply`` (never None) to the call waiting for ``key``, waking it alone;
         dropped if no call waits for it."""
         with self._lock:
-            waiter = self._waiting.pop(key, None)
-            if waiter is not None:
+            waiting = self._waiting
+            if key in waiting:
                 self._arrived[key] = reply
-                waiter.wake()
+                waiter = waiting.pop(key)
+                if waiter is not None:
+                    waiter.wake()
 
     def waited_among(self, keys):
         """The keys among ``keys`` that calls wait for."""
@@ -168,7 +186,8 @@ class _ReplyBoard(object):
             if self.failure is None:
                 self.failure = error
             for waiter in self._waiting.values():
-                waiter.wake()
+                if waiter is not None:
+                    waiter.wake()
         return self.failure
 
 
@@ -207,16 +226,16 @@ class _Connection(object):
             raise board.failure
         request_id = next(self._ids)
         body = _pack({"id": request_id, "tool": tool, "args": args, "token": self._token})
-        refused = _over_cap(request_id, body, self._max_frame)
-        if refused is not None:
-            return refused
-        waiter = board.register(request_id)
+        limit = self._max_frame
+        if limit is not None and len(body) > limit:
+            return _over_cap(request_id, body, limit)
+        board.register(request_id)
         try:
             with self._send_lock:
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
-        return board.wait(request_id, waiter, self._read_until)
+        return board.wait(request_id, self._read_until)
 
     def _read_until(self, request_id):
         deliver = self._board.deliver
@@ -244,21 +263,28 @@ class _Connection(object):
         reply that fits the connection's buffer."""
         while self._end - self._start < 4:
             self._fill()
-        (size,) = _HEADER.unpack_from(self._buffer, self._start)
-        if 4 + size > self._BUFFER:
-            return self._decode(self._read_long(size))
-        if self._start + 4 + size > self._BUFFER:  # its end would not fit: move it down
-            self._compact()
-        while self._end - self._start < 4 + size:
-            self._fill()
-        body = self._view[self._start + 4 : self._start + 4 + size]
+        start = self._start
+        (size,) = _HEADER.unpack_from(self._buffer, start)
+        end = start + 4 + size
+        if end > self._end:  # not all here yet
+            if 4 + size > self._BUFFER:
+                return self._decode(self._read_long(size))
+            if end > self._BUFFER:  # its end would not fit: move it down
+                self._compact()
+                start, end = 0, 4 + size
+            while self._end < end:
+                self._fill()
+        body = self._view[start + 4 : end]
         try:
-            reply = self._decode(body)
+            reply = _unpack(body)
         finally:
             body.release()
-        self._start += 4 + size
-        if self._start == self._end:
+        if end == self._end:
             self._start = self._end = 0
+        else:
+            self._start = end
+        if not isinstance(reply, dict):
+            raise ValueError("reply is not a map")
         return reply
 
     def _fill(self):
@@ -455,7 +481,7 @@ class _FileConnection(object):
         if refused is not None:
             return refused
         reply_name = key + ".rep"
-        waiter = self._board.register(reply_name)
+        self._board.register(reply_name)
         try:
             temporary = self._write_request(key, _HEADER.pack(len(body)) + body)
             _os.rename(temporary, _os.path.join(self._directory, key + ".req"))
@@ -465,7 +491,7 @@ class _FileConnection(object):
                 "cannot write the request in %s: %s" % (self._directory, exc)
             ) from None
         # The host answers every request; the run's timeout bounds this.
-        data = self._board.wait(reply_name, waiter, self._look_until)
+        data = self._board.wait(reply_name, self._look_until)
         if isinstance(data, OSError):
             raise ToolCallError("cannot read the reply: %s" % (data,))
         try:

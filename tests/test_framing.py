@@ -23,6 +23,7 @@ from hermes_sandbox.rpc.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
     FrameDecoder,
+    FrameSplitter,
     decode_body,
     encode_frame,
     encode_frame_parts,
@@ -107,6 +108,28 @@ def test_split_at_every_byte_boundary() -> None:
         got += decoder.feed(stream[cut:])
         assert got == MESSAGES[:2], f"cut at byte {cut}"
         assert decoder.pending == 0
+
+
+def test_whole_frames_and_held_bytes_split_alike() -> None:
+    """A feed with nothing held slices its bodies from the bytes given (the common
+    case); it must leave what it holds of an unfinished frame, and yield, exactly what
+    feeding through the held buffer does, whatever type the bytes come as."""
+    stream = b"".join(frame_of(m) for m in MESSAGES[:3])
+    bodies = [frame_of(m)[HEADER_SIZE:] for m in MESSAGES[:3]]
+    for cut in range(len(stream) + 1):
+        for kind in (bytes, bytearray, memoryview):
+            splitter = FrameSplitter()
+            got = splitter.feed(kind(stream[:cut]))
+            held = splitter.pending, splitter.inside_frame
+            slow = FrameSplitter()  # one byte a feed: past the first, through held bytes
+            for offset in range(cut):
+                slow.feed(stream[offset : offset + 1])
+            expected_held = slow.pending, slow.inside_frame
+            assert held == expected_held, (cut, kind)
+            got += splitter.feed(kind(stream[cut:]))
+            assert got == bodies, (cut, kind)
+            assert all(type(body) is bytes for body in got)
+            assert splitter.pending == 0 and not splitter.inside_frame
 
 
 def test_fed_one_byte_at_a_time() -> None:

@@ -1026,6 +1026,19 @@ def test_read_frame_across_the_buffer_ends() -> None:
         theirs.close()
 
 
+def test_a_thread_keeps_its_packer_for_small_requests_and_lets_a_large_ones_go() -> None:
+    """Packing reuses the thread's Packer (packb builds one a call); after a request
+    over the bound, that packer and its grown buffer are let go."""
+    client = load_client()
+    assert client._unpack(client._pack({"a": 1})) == {"a": 1}
+    kept = client._packers.pack
+    assert client._unpack(client._pack({"b": "x" * 16})) == {"b": "x" * 16}
+    assert client._packers.pack is kept
+    large = {"c": "y" * (client._KEEP_PACKER_UP_TO + 1)}
+    assert client._unpack(client._pack(large)) == large
+    assert not hasattr(client._packers, "pack")
+
+
 # -- the read turn both clients pass between their callers (_ReplyBoard) -------------
 #
 # In this process, with real threads: a peer plays the host by hand, over a socketpair
@@ -1190,6 +1203,34 @@ def test_the_read_turn_passes_on_when_the_readers_own_reply_comes_first(
         for thread in waiting:
             thread.join(SCRIPT_TIMEOUT)
         assert all(answered(results, tag) for tag in (1, 2, 3)), results
+        assert not board._reading and not board._waiting and not board._arrived
+    finally:
+        peer.close()
+
+
+def test_a_lone_caller_never_sleeps(tmp_path: Path) -> None:
+    """One caller at a time always finds the read turn free: it reads its own reply and
+    makes no waiter (a lock) to sleep on, the common case's cost."""
+    client = load_client()
+    made: list[object] = []
+    waiter_class = client._Waiter
+
+    def counted_waiter() -> Any:
+        made.append(None)
+        return waiter_class()
+
+    client._Waiter = counted_waiter
+    peer = SocketPeer(client, tmp_path)
+    results: dict[int, Any] = {}
+    try:
+        for tag in range(3):
+            caller = calling(peer.connection, tag, results)
+            peer.wait_requests(tag + 1)
+            peer.answer(tag)
+            caller.join(SCRIPT_TIMEOUT)
+            assert answered(results, tag), results
+        assert made == []
+        board = peer.connection._board
         assert not board._reading and not board._waiting and not board._arrived
     finally:
         peer.close()

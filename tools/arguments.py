@@ -799,6 +799,11 @@ class ToolArguments:
     def prepare(self, args: Any) -> tuple[Any, list[Problem]]:
         """Coerce, then validate: the arguments to call with and what is wrong with them."""
         coerced = self._coerce(args)
+        # The fast check written out: this is every call's path, and the arguments
+        # almost always pass it.
+        fast = self._fast if self._compiled else self._fast_path()
+        if fast is not None and fast(coerced):
+            return coerced, []
         return coerced, self.problems(coerced)
 
 

@@ -404,7 +404,7 @@ class ToolRegistry:
             if refusal is not None:
                 return refusal
             result = self._invoke(entry, args, ctx)
-            if inspect.isawaitable(result):
+            if type(result) is not str and inspect.isawaitable(result):
                 # The portal (with anyio.from_thread) only where a sync caller meets an
                 # async handler: a run dispatches with adispatch, and never needs it.
                 from hermes_sandbox.tools.async_bridge import run_awaitable
