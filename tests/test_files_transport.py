@@ -423,6 +423,21 @@ async def test_a_reply_with_no_room_in_its_filesystem_gets_an_error_reply(
     assert after["result"] == "x" * 10
 
 
+def echo_registry() -> ToolRegistry:
+    """A registry of one plain tool, ``echo``, which returns its arguments."""
+    registry = ToolRegistry()
+    registry.register(
+        "echo",
+        "test",
+        {
+            "name": "echo",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
+        lambda args: json.dumps(args),
+    )
+    return registry
+
+
 ECHO_DIR_SCRIPT = """import os
 from hermes_tools import echo
 assert echo(text="hi") == {"text": "hi"}
@@ -439,16 +454,7 @@ async def test_a_local_files_run_keeps_its_call_directory_in_memory(isolation: s
     if isolation == "bwrap":
         require(bwrap_problem(), "a run under bwrap needs a bubblewrap that works here")
     require(memory_problem(), "a call directory in memory")
-    registry = ToolRegistry()
-    registry.register(
-        "echo",
-        "test",
-        {
-            "name": "echo",
-            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
-        },
-        lambda args: json.dumps(args),
-    )
+    registry = echo_registry()
     result = await execute_code_async(
         ECHO_DIR_SCRIPT,
         transport="files",
@@ -483,16 +489,7 @@ async def test_what_a_script_leaves_beside_its_call_directory_goes_with_the_run(
     a script that renames its directory away, puts a symlink in its place and writes
     beside it (as it may with no isolation) leaves nothing in the shared /dev/shm."""
     require(memory_problem(), "a call directory in memory")
-    registry = ToolRegistry()
-    registry.register(
-        "echo",
-        "test",
-        {
-            "name": "echo",
-            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
-        },
-        lambda args: json.dumps(args),
-    )
+    registry = echo_registry()
     result = await execute_code_async(
         LITTERING_SCRIPT, transport="files", tools=["echo"], registry=registry
     )
@@ -508,16 +505,7 @@ async def test_rounds_of_runs_leave_no_descriptors_or_threads_behind() -> None:
     host): the host's open descriptors after each round stay those after the first
     (each run's inotify watch and directory handle are closed), and so do its threads
     other than anyio's pooled workers."""
-    registry = ToolRegistry()
-    registry.register(
-        "echo",
-        "test",
-        {
-            "name": "echo",
-            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
-        },
-        lambda args: json.dumps(args),
-    )
+    registry = echo_registry()
     process = psutil.Process()
     # Threads of earlier tests (trio's cached workers) may end during this one.
     earlier = {t.ident for t in threading.enumerate()}
