@@ -156,18 +156,12 @@ class _ReplyBoard(object):
                 self._wake_one()  # one caller still waiting reads on
 
     def _wake_one(self):
-        """Under the lock: wake one sleeping caller to take the read turn, unless a caller
-        is awake already and will find the turn free when it comes to wait (one registered
-        and not yet asleep, or one woken and not yet up): a wake-up, and the GIL hand-off
-        that follows it, saved. A registered caller always waits or :meth:`forget` s."""
-        sleeper = None
+        """Under the lock: wake one sleeping caller to take the read turn (one not yet
+        asleep finds the turn free when it comes to wait)."""
         for other in self._waiting.values():
-            if other is None or other.woken:
-                return
-            if sleeper is None:
-                sleeper = other
-        if sleeper is not None:
-            sleeper.wake()
+            if other is not None:
+                other.wake()
+                break
 
     def deliver(self, key, reply):
         """Hand ``reply`` (never None) to the call waiting for ``key``, waking it alone;
@@ -241,7 +235,7 @@ class _Connection(object):
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
-        except BaseException:  # Ctrl-C in the send: it will not wait, so not counted on
+        except BaseException:  # Ctrl-C in the send: it will not wait; drop its entry
             board.forget(request_id)
             raise
         return board.wait(request_id, self._read_until)

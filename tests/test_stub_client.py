@@ -1357,60 +1357,13 @@ def test_a_waiting_caller_interrupted_by_an_exception_passes_the_turn_on(
         peer.close()
 
 
-def test_the_reader_leaving_wakes_no_sleeper_while_a_registered_caller_is_awake() -> None:
-    """The reader leaves while one caller sleeps and another has registered but not yet
-    come to wait: the sleeper stays asleep (a wake-up and a GIL hand-off saved), the
-    awake caller takes the turn when it waits, and leaving wakes the sleeper in turn."""
-    import threading
-
-    board = load_client()._ReplyBoard()
-    release = {key: threading.Event() for key in ("reader", "sleeper", "late")}
-    results: dict[str, Any] = {}
-
-    def read_until(key: str) -> str:
-        assert release[key].wait(SCRIPT_TIMEOUT)
-        return key
-
-    def waiting(key: str) -> threading.Thread:
-        board.register(key)
-        thread = threading.Thread(
-            target=lambda: results.__setitem__(key, board.wait(key, read_until)), daemon=True
-        )
-        thread.start()
-        return thread
-
-    reader = waiting("reader")
-    eventually(lambda: board._reading, "the first caller takes the read turn")
-    sleeper = waiting("sleeper")
-    eventually(lambda: board._waiting.get("sleeper") is not None, "the second caller sleeps")
-    board.register("late")  # its request sent, not yet waiting
-    release["reader"].set()
-    reader.join(SCRIPT_TIMEOUT)
-    assert results["reader"] == "reader"
-    settle()
-    assert not board._reading and not board._waiting["sleeper"].woken
-    late = threading.Thread(
-        target=lambda: results.__setitem__("late", board.wait("late", read_until)), daemon=True
-    )
-    late.start()
-    eventually(lambda: board._reading, "the awake caller takes the turn")
-    release["late"].set()
-    late.join(SCRIPT_TIMEOUT)
-    assert results["late"] == "late"
-    eventually(lambda: board._reading, "the sleeper, woken as the turn is left, takes it")
-    release["sleeper"].set()
-    sleeper.join(SCRIPT_TIMEOUT)
-    assert results["sleeper"] == "sleeper"
-    assert not board._reading and not board._waiting and not board._arrived
-
-
-def test_a_caller_interrupted_in_its_send_is_not_counted_on_to_take_the_turn(
+def test_a_caller_interrupted_in_its_send_leaves_nothing_behind(
     tmp_path: Path,
 ) -> None:
     """A signal's handler raises in the main thread while its large request is being
-    sent (the host not reading): the call raises and is forgotten, so when the reader
-    leaves, the caller sleeping behind it is woken to take the turn (not left waiting
-    for the interrupted one to come and take it)."""
+    sent (the host not reading): the call raises and its entry on the board goes with
+    it (it will never wait), and when the reader leaves, the caller sleeping behind it
+    takes the turn and gets its reply."""
     import threading
 
     peer = SocketPeer(load_client(), tmp_path)
