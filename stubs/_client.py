@@ -235,6 +235,9 @@ class _Connection(object):
                 self._sock.sendall(_HEADER.pack(len(body)) + body)
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
+        except BaseException:  # Ctrl-C in the send: it will not wait; drop its entry
+            board.forget(request_id)
+            raise
         return board.wait(request_id, self._read_until)
 
     def _read_until(self, request_id):
@@ -490,6 +493,9 @@ class _FileConnection(object):
             raise ToolCallError(
                 "cannot write the request in %s: %s" % (self._directory, exc)
             ) from None
+        except BaseException:  # Ctrl-C while writing: it will not wait
+            self._board.forget(reply_name)
+            raise
         # The host answers every request; the run's timeout bounds this.
         data = self._board.wait(reply_name, self._look_until)
         if isinstance(data, OSError):

@@ -1355,3 +1355,53 @@ def test_a_waiting_caller_interrupted_by_an_exception_passes_the_turn_on(
         assert not board._reading and not board._waiting and not board._arrived
     finally:
         peer.close()
+
+
+def test_a_caller_interrupted_in_its_send_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """A signal's handler raises in the main thread while its large request is being
+    sent (the host not reading): the call raises and its entry on the board goes with
+    it (it will never wait), and when the reader leaves, the caller sleeping behind it
+    takes the turn and gets its reply."""
+    import threading
+
+    peer = SocketPeer(load_client(), tmp_path)
+    board = peer.connection._board
+    results: dict[int, Any] = {}
+    threads = []
+    main_calls = threading.Event()
+
+    def direct() -> None:
+        try:
+            threads.append(calling(peer.connection, 0, results))
+            peer.wait_requests(1)
+            eventually(lambda: board._reading, "the first caller takes the read turn")
+            threads.append(calling(peer.connection, 1, results))
+            peer.wait_requests(2)
+            eventually(lambda: board._waiting.get(2) is not None, "the second caller sleeps")
+            main_calls.set()
+            eventually(lambda: len(board._waiting) == 3, "the main thread registers")
+            settle()  # its send stuck on the full socket
+        finally:
+            main_calls.set()
+            interrupt_main_thread()
+
+    try:
+        with interrupted_by_sigusr1():
+            director = threading.Thread(target=direct, daemon=True)
+            director.start()
+            assert main_calls.wait(SCRIPT_TIMEOUT)
+            with pytest.raises(Interrupted):
+                peer.connection.call("echo", {"tag": 2, "data": "x" * (32 << 20)})
+            director.join(SCRIPT_TIMEOUT)
+        assert 3 not in board._waiting
+        peer.answer(0)
+        threads[0].join(SCRIPT_TIMEOUT)
+        assert answered(results, 0), results
+        eventually(lambda: board._reading, "the sleeping caller takes the turn on")
+        peer.answer(1)
+        threads[1].join(SCRIPT_TIMEOUT)
+        assert answered(results, 1), results
+    finally:
+        peer.close()
