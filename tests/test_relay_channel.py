@@ -247,6 +247,51 @@ def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
         relay_process.stdout.close()
 
 
+def test_relay_reads_into_its_kept_buffer() -> None:
+    """A message read from the script or from the host is read into the relay's kept
+    buffer, not into a new bytes object of the read's full size for every read (above
+    malloc's mmap threshold that is an mmap, an mremap and a munmap each time): what a
+    small call allocates is near its own size. The bytes passed on are unchanged."""
+    import socket
+    import tracemalloc
+
+    channel_in, host_writes = os.pipe()
+    host_reads, channel_out = os.pipe()
+    script, relay_end = socket.socketpair()
+    relay_end.setblocking(False)
+    instance = relay.Relay(channel_in, channel_out)
+    conn = instance.conns[1] = relay._Conn(relay_end, 1)
+    conn.events = relay.EVENT_READ
+    instance.sel.register(relay_end, conn.events, ("conn", 1))
+    os.set_blocking(channel_in, False)
+    request, reply = b"\0\0\0\x05hello", b"\0\0\0\x03bye"
+    tracemalloc.start()
+    try:
+        script.sendall(request)
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        instance.read_conn(1)
+        from_script = tracemalloc.get_traced_memory()[1] - before
+        os.write(host_writes, relay.data_frame(relay.rpc_head(1), reply))
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        instance.read_channel()
+        from_host = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+        for fd in (channel_in, host_writes, channel_out, instance.sigchld_r, instance.sigchld_w):
+            os.close(fd)
+    try:
+        assert os.read(host_reads, 65536) == relay.data_frame(relay.rpc_head(1), request)
+        assert script.recv(65536) == reply
+    finally:
+        os.close(host_reads)
+        script.close()
+        relay_end.close()
+    assert from_script < 16384, from_script  # a read of 256 KiB allocated 262,177 bytes
+    assert from_host < 16384, from_host
+
+
 # -- the host reading the channel from the loop's reader callback -----------------------------
 
 
