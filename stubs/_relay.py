@@ -135,6 +135,12 @@ _HEADER = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _CHUNK = 65536
+# The most read from the channel or a connection at once. Reads go into one buffer the
+# relay keeps: a new bytes object of this size for every read is, above malloc's mmap
+# threshold, an mmap, an mremap and a munmap (and a page fault) for every message each
+# way, most of the relay's system calls per call (docs/benchmarks.md, "The relay's per
+# call (session 12)").
+_READ_SIZE = 262144
 _MAX_FRAME = 64 * 1024 * 1024
 _DRAIN_SECONDS = 2.0
 # Replies held for one connection that its script does not read; past this the
@@ -354,6 +360,8 @@ class Relay(object):
         self.cout = channel_out
         self.sel = _Selector()
         self.inbuf = bytearray()
+        self.readbuf = bytearray(_READ_SIZE)  # every read lands here (_READ_SIZE)
+        self.readview = memoryview(self.readbuf)
         self.child = None
         self.listener = None
         self.socket_path = None
@@ -435,12 +443,13 @@ class Relay(object):
 
     def read_channel(self):
         try:
-            chunk = os.read(self.cin, 262144)
+            n = os.readv(self.cin, (self.readbuf,))
         except BlockingIOError:
             return
-        if not chunk:
+        if not n:
             self.host_gone()
             return
+        chunk = self.readview[:n]  # read before the next read: bodies are copied out
         if self.inbuf:
             self.inbuf += chunk
             data = self.inbuf
@@ -623,14 +632,14 @@ class Relay(object):
         if conn is None:
             return
         try:
-            data = conn.sock.recv(262144)
+            n = conn.sock.recv_into(self.readbuf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self.close_conn(conn_id, tell_host=True)
             return
-        if data:
-            self.send_frame(data_frame(conn.head, data))
+        if n:
+            self.send_frame(data_frame(conn.head, self.readview[:n]))  # joined: a copy
             return
         # The script shut its writing side (or closed): the host answers what is in
         # flight, then closes; replies still go out until then.

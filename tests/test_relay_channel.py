@@ -247,6 +247,121 @@ def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
         relay_process.stdout.close()
 
 
+def test_relay_reads_into_its_kept_buffer() -> None:
+    """A message read from the script or from the host is read into the relay's kept
+    buffer, not into a new bytes object of the read's full size for every read (above
+    malloc's mmap threshold that is an mmap, an mremap and a munmap each time): what a
+    small call allocates is near its own size. The bytes passed on are unchanged."""
+    import socket
+    import tracemalloc
+
+    channel_in, host_writes = os.pipe()
+    host_reads, channel_out = os.pipe()
+    script, relay_end = socket.socketpair()
+    relay_end.setblocking(False)
+    instance = relay.Relay(channel_in, channel_out)
+    conn = instance.conns[1] = relay._Conn(relay_end, 1)
+    conn.events = relay.EVENT_READ
+    instance.sel.register(relay_end, conn.events, ("conn", 1))
+    os.set_blocking(channel_in, False)
+    request, reply = b"\0\0\0\x05hello", b"\0\0\0\x03bye"
+    tracemalloc.start()
+    try:
+        script.sendall(request)
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        instance.read_conn(1)
+        from_script = tracemalloc.get_traced_memory()[1] - before
+        os.write(host_writes, relay.data_frame(relay.rpc_head(1), reply))
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        instance.read_channel()
+        from_host = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+        for fd in (channel_in, host_writes, channel_out, instance.sigchld_r, instance.sigchld_w):
+            os.close(fd)
+    try:
+        assert os.read(host_reads, 65536) == relay.data_frame(relay.rpc_head(1), request)
+        assert script.recv(65536) == reply
+    finally:
+        os.close(host_reads)
+        script.close()
+        relay_end.close()
+    assert from_script < 16384, from_script  # a read of 256 KiB allocated 262,177 bytes
+    assert from_host < 16384, from_host
+
+
+def test_relay_passes_messages_larger_than_its_buffer_whole() -> None:
+    """A request and a reply larger than the relay's kept read buffer arrive over
+    several reads; each reaches the other side byte for byte (the host's reply held
+    across reads, the script's request sent on as pieces of at most one read)."""
+    import socket
+    import threading
+
+    channel_in, host_writes = os.pipe()
+    host_reads, channel_out = os.pipe()
+    script, relay_end = socket.socketpair()
+    relay_end.setblocking(False)
+    instance = relay.Relay(channel_in, channel_out)
+    conn = instance.conns[1] = relay._Conn(relay_end, 1)
+    conn.events = relay.EVENT_READ
+    instance.sel.register(relay_end, conn.events, ("conn", 1))
+    os.set_blocking(channel_in, False)
+    os.set_blocking(channel_out, False)
+    instance.sel.register(channel_in, relay.EVENT_READ, ("channel", None))
+    size = 3 * relay._READ_SIZE + 12345
+    request = bytes(range(256)) * (size // 256)
+    reply = request[::-1]
+    got: dict[str, bytes] = {}
+
+    def script_side() -> None:
+        script.sendall(request)
+        received = bytearray()
+        while len(received) < len(reply):
+            received += script.recv(1 << 20)
+        got["reply"] = bytes(received)
+
+    def host_side() -> None:
+        pieces = bytearray()
+        decoder = FrameDecoder(1 << 30)
+        while len(pieces) < len(request):
+            for message in decoder.feed(os.read(host_reads, 1 << 20)):
+                assert message["op"] == "rpc" and message["conn"] == 1
+                assert len(message["data"]) <= relay._READ_SIZE
+                pieces += message["data"]
+        got["request"] = bytes(pieces)
+        frame = relay.data_frame(relay.rpc_head(1), reply)
+        os.set_blocking(host_writes, True)
+        os.write(host_writes, frame[:100])  # a frame split across reads, from its start
+        os.write(host_writes, frame[100:])
+
+    threads = [threading.Thread(target=script_side), threading.Thread(target=host_side)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "reply" not in got and time.monotonic() < deadline:
+            for key, events in instance.sel.select(timeout=0.1):
+                if key.data[0] == "conn":
+                    instance.conn_ready(1, events)
+                elif key.data[0] == "channel":
+                    instance.read_channel()
+                elif key.data[0] == "channel_out":
+                    instance.flush_channel()
+    finally:
+        for thread in threads:
+            thread.join(30)
+        for fd in (channel_in, host_writes, channel_out, host_reads):
+            os.close(fd)
+        os.close(instance.sigchld_r)
+        os.close(instance.sigchld_w)
+        script.close()
+        relay_end.close()
+    assert got["request"] == request
+    assert got["reply"] == reply
+
+
 # -- the host reading the channel from the loop's reader callback -----------------------------
 
 
