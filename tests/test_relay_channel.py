@@ -247,23 +247,48 @@ def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
         relay_process.stdout.close()
 
 
+class _WiredRelay:
+    """A relay driven in this process: its channel is two pipes whose other ends are the
+    host's (``host_reads``, ``host_writes``), and its connection 1 a socketpair whose
+    other end is the script's (``script``)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.channel_in, self.host_writes = os.pipe()
+        self.host_reads, self.channel_out = os.pipe()
+        self.script, self.relay_end = socket.socketpair()
+        self.relay_end.setblocking(False)
+        self.relay = relay.Relay(self.channel_in, self.channel_out)
+        conn = self.relay.conns[1] = relay._Conn(self.relay_end, 1)
+        conn.events = relay.EVENT_READ
+        self.relay.sel.register(self.relay_end, conn.events, ("conn", 1))
+        os.set_blocking(self.channel_in, False)
+
+    def close(self) -> None:
+        for fd in (
+            self.channel_in,
+            self.host_writes,
+            self.host_reads,
+            self.channel_out,
+            self.relay.sigchld_r,
+            self.relay.sigchld_w,
+        ):
+            os.close(fd)
+        self.script.close()
+        self.relay_end.close()
+
+
 def test_relay_reads_into_its_kept_buffer() -> None:
     """A message read from the script or from the host is read into the relay's kept
     buffer, not into a new bytes object of the read's full size for every read (above
     malloc's mmap threshold that is an mmap, an mremap and a munmap each time): what a
     small call allocates is near its own size. The bytes passed on are unchanged."""
-    import socket
     import tracemalloc
 
-    channel_in, host_writes = os.pipe()
-    host_reads, channel_out = os.pipe()
-    script, relay_end = socket.socketpair()
-    relay_end.setblocking(False)
-    instance = relay.Relay(channel_in, channel_out)
-    conn = instance.conns[1] = relay._Conn(relay_end, 1)
-    conn.events = relay.EVENT_READ
-    instance.sel.register(relay_end, conn.events, ("conn", 1))
-    os.set_blocking(channel_in, False)
+    wired = _WiredRelay()
+    instance, script = wired.relay, wired.script
+    host_reads, host_writes = wired.host_reads, wired.host_writes
     request, reply = b"\0\0\0\x05hello", b"\0\0\0\x03bye"
     tracemalloc.start()
     try:
@@ -279,15 +304,11 @@ def test_relay_reads_into_its_kept_buffer() -> None:
         from_host = tracemalloc.get_traced_memory()[1] - before
     finally:
         tracemalloc.stop()
-        for fd in (channel_in, host_writes, channel_out, instance.sigchld_r, instance.sigchld_w):
-            os.close(fd)
     try:
         assert os.read(host_reads, 65536) == relay.data_frame(relay.rpc_head(1), request)
         assert script.recv(65536) == reply
     finally:
-        os.close(host_reads)
-        script.close()
-        relay_end.close()
+        wired.close()
     assert from_script < 16384, from_script  # a read of 256 KiB allocated 262,177 bytes
     assert from_host < 16384, from_host
 
@@ -296,20 +317,13 @@ def test_relay_passes_messages_larger_than_its_buffer_whole() -> None:
     """A request and a reply larger than the relay's kept read buffer arrive over
     several reads; each reaches the other side byte for byte (the host's reply held
     across reads, the script's request sent on as pieces of at most one read)."""
-    import socket
     import threading
 
-    channel_in, host_writes = os.pipe()
-    host_reads, channel_out = os.pipe()
-    script, relay_end = socket.socketpair()
-    relay_end.setblocking(False)
-    instance = relay.Relay(channel_in, channel_out)
-    conn = instance.conns[1] = relay._Conn(relay_end, 1)
-    conn.events = relay.EVENT_READ
-    instance.sel.register(relay_end, conn.events, ("conn", 1))
-    os.set_blocking(channel_in, False)
-    os.set_blocking(channel_out, False)
-    instance.sel.register(channel_in, relay.EVENT_READ, ("channel", None))
+    wired = _WiredRelay()
+    instance, script = wired.relay, wired.script
+    host_reads, host_writes = wired.host_reads, wired.host_writes
+    os.set_blocking(wired.channel_out, False)
+    instance.sel.register(wired.channel_in, relay.EVENT_READ, ("channel", None))
     size = 3 * relay._READ_SIZE + 12345
     request = bytes(range(256)) * (size // 256)
     reply = request[::-1]
@@ -352,12 +366,7 @@ def test_relay_passes_messages_larger_than_its_buffer_whole() -> None:
     finally:
         for thread in threads:
             thread.join(30)
-        for fd in (channel_in, host_writes, channel_out, host_reads):
-            os.close(fd)
-        os.close(instance.sigchld_r)
-        os.close(instance.sigchld_w)
-        script.close()
-        relay_end.close()
+        wired.close()
     assert got["request"] == request
     assert got["reply"] == reply
 
