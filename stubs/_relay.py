@@ -148,11 +148,14 @@ _DRAIN_SECONDS = 2.0
 _CONN_OUTPUT_LIMIT = 32 * 1024 * 1024
 # Bytes waiting for the host past which the relay stops reading the script.
 _CHANNEL_PAUSE = 1024 * 1024
-# After it hands the script a reply, the relay looks for the script's next request
-# without sleeping for this long before it blocks in select again: on a VM whose idle
-# vCPU halts, the script's send wakes a blocked relay through an interrupt to that
-# halted vCPU, which cost 40-75 us a call over docker and ssh (docs/benchmarks.md,
-# "Relay wake (session 9)"). Bounded: an idle script costs at most this much CPU once.
+# After it passes a call on, the relay looks for the call's next step without sleeping
+# for this long before it blocks in select again: after a request, for the host's
+# reply (while the host's replies come within this time); after a reply, for the
+# script's next request. On a VM whose idle vCPU halts,
+# a write wakes a blocked relay through an interrupt to that halted vCPU, which cost
+# 40-75 us a call over docker and ssh (docs/benchmarks.md, "Relay wake (session 9)";
+# the wait for the host's reply, "The relay's per call (session 12)"). Bounded: a call
+# left unanswered, or an idle script, costs at most this much CPU once.
 _SPIN_SECONDS = 150e-6
 _RELAY_ONLY_VARS = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
 
@@ -372,7 +375,12 @@ class Relay(object):
         self.killing = False
         self.chan_out = bytearray()  # frames for the host not yet written
         self.chan_waiting = False  # the channel is selected for writing
-        self.replied = False  # a reply went to the script in this pass of the loop
+        self.passed = False  # a call went through in this pass of the loop (_SPIN_SECONDS)
+        # When the last request went to the host (0.0: answered), and whether its reply
+        # came within _SPIN_SECONDS: only then is the host's next reply polled for (on a
+        # busy machine replies come later, and the polling would take the CPU they need).
+        self.asked = 0.0
+        self.quick_replies = True
         self.paused = False  # too much waits for the host: the script is not read
         self.sigchld_r, self.sigchld_w = os.pipe()
         os.set_blocking(self.sigchld_w, False)
@@ -478,7 +486,10 @@ class Relay(object):
         """Reply bytes from the host for one of the script's connections."""
         conn = self.conns.get(conn_id)
         if conn is not None and data:
-            self.replied = True
+            self.passed = True
+            if self.asked:
+                self.quick_replies = time.monotonic() - self.asked < _SPIN_SECONDS
+                self.asked = 0.0
             self.write_conn(conn_id, data)
 
     def handle(self, message):
@@ -640,6 +651,8 @@ class Relay(object):
             return
         if n:
             self.send_frame(data_frame(conn.head, self.readview[:n]))  # joined: a copy
+            self.asked = time.monotonic()
+            self.passed = self.passed or self.quick_replies
             return
         # The script shut its writing side (or closed): the host answers what is in
         # flight, then closes; replies still go out until then.
@@ -746,7 +759,7 @@ class Relay(object):
         os.set_blocking(self.cout, False)
         self.sel.register(self.cin, EVENT_READ, ("channel", None))
         self.sel.register(self.sigchld_r, EVENT_READ, ("sigchld", None))
-        spin_until = 0.0  # until then, poll for the script's next request (_SPIN_SECONDS)
+        spin_until = 0.0  # until then, poll for a call's next step (_SPIN_SECONDS)
         while not self.done:
             if spin_until and time.monotonic() < spin_until:
                 ready = self.sel.select(timeout=0)
@@ -755,7 +768,7 @@ class Relay(object):
             else:
                 ready = self.sel.select(timeout=0.5)
             spin_until = 0.0
-            self.replied = False
+            self.passed = False
             # The script's exit is looked for after a SIGCHLD (its wakeup byte is among
             # the ready keys) and on every timeout, not on every call's pass.
             check_child = not ready
@@ -781,7 +794,7 @@ class Relay(object):
                     check_child = True
                 if self.done:
                     break
-            if self.replied:
+            if self.passed:
                 spin_until = time.monotonic() + _SPIN_SECONDS
             if check_child and not self.done and self.child_exited():
                 self.finish()

@@ -200,18 +200,23 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
-    """The relay polls for the script's next request for a moment after each reply
-    (_SPIN_SECONDS) and then sleeps in select: a script that makes many calls and then
-    stops leaves the relay idle, not spinning."""
+@pytest.mark.parametrize("last", ["reply", "request"])
+def test_relay_polls_only_briefly_after_a_call_step(tmp_path: Any, last: str) -> None:
+    """The relay polls for a call's next step for a moment after passing one on
+    (_SPIN_SECONDS: after a request, for the host's reply; after a reply, for the
+    script's next request) and then sleeps in select: a script that makes many calls
+    and then stops, or whose last request the host leaves unanswered, leaves the relay
+    idle, not spinning."""
     socket_path = str(tmp_path / "rpc.sock")
     script = (
         "import socket, sys, time\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
         "for _ in range(200):\n"
         "    s.sendall(b'ping'); assert s.recv(16) == b'pong'\n"
-        "time.sleep(30)\n"
+        + ("s.sendall(b'last'); s.recv(16)\n" if last == "request" else "")
+        + "time.sleep(30)\n"
     )
+    wanted = 201 if last == "request" else 200
     stubs = os.path.dirname(RELAY_SOURCE)
     relay_process = subprocess.Popen(
         [sys.executable, RELAY_SOURCE],
@@ -227,17 +232,18 @@ def test_relay_polls_only_briefly_after_a_reply(tmp_path: Any) -> None:
         relay_process.stdin.write(len(body).to_bytes(4, "big") + body)
         relay_process.stdin.flush()
         relay_pid, calls = None, 0
-        while calls < 200:
+        while calls < wanted:
             message = _read_message(relay_process.stdout)
             if message["op"] == "started":
                 relay_pid = message["relay_pid"]
             elif message["op"] == "rpc":
-                reply = relay.data_frame(relay.rpc_head(message["conn"]), b"pong")
-                relay_process.stdin.write(reply)
-                relay_process.stdin.flush()
                 calls += 1
+                if calls <= 200:  # the 201st request is left unanswered
+                    reply = relay.data_frame(relay.rpc_head(message["conn"]), b"pong")
+                    relay_process.stdin.write(reply)
+                    relay_process.stdin.flush()
         assert relay_pid is not None
-        time.sleep(0.2)  # the last reply is the relay's last event
+        time.sleep(0.2)  # the last call step is the relay's last event
         before = _cpu_seconds(relay_pid)
         time.sleep(1.0)
         assert _cpu_seconds(relay_pid) - before < 0.2  # spinning would be about 1 s
