@@ -526,6 +526,12 @@ async def test_rounds_of_runs_leave_no_descriptors_or_threads_behind() -> None:
             ("success", "ok", 15)
         ] * 4, [r.to_dict() for r in results]
         gc.collect()
+        # The last serving thread signals the run's end just before it returns: it may
+        # still be alive for a moment after the run (a thread kept would stay).
+        await wait_until(
+            lambda: all(t.ident in earlier for t in serving_threads()),
+            "the round's serving threads ended",
+        )
         # anyio's pooled workers stay for a while, as many as the busiest moment needed.
         own = [
             t.name
