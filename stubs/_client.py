@@ -64,6 +64,11 @@ class ToolCallError(RuntimeError):
     """A tool call that could not be made or answered: the host is unreachable or gone."""
 
 
+class _Retired(ToolCallError):
+    """A call found its connection retired before it sent anything: it is made again
+    on a new connection (:func:`_call`)."""
+
+
 class _Waiter(object):
     """A waiting call's own wake-up: a lock held until :meth:`wake` releases it.
     ``woken`` (guarded by the :class:`_ReplyBoard`'s lock) is true from a release until the
@@ -174,6 +179,11 @@ class _ReplyBoard(object):
                 if waiter is not None:
                     waiter.wake()
 
+    def idle(self):
+        """No call is registered and no caller holds the read turn."""
+        with self._lock:
+            return not self._waiting and not self._reading
+
     def waited_among(self, keys):
         """The keys among ``keys`` that calls wait for."""
         with self._lock:
@@ -203,6 +213,12 @@ class _Connection(object):
     decoded where they lie; a reply too long for it is read into a buffer of its own,
     grown only as bytes arrive, so a header that overstates its length costs no more
     memory than the bytes that really came.
+
+    A send that a signal handler's exception interrupts (a Ctrl-C the script catches, an
+    alarm's timeout) may have written part of its frame, after which the host would read
+    any later frame as the rest of it: the connection is then :attr:`retired`. Calls
+    already sent still get their replies on it, later ones raise :class:`_Retired`
+    without writing, and its socket is closed once no call is left on it.
     """
 
     _BUFFER = 256 * 1024
@@ -219,6 +235,7 @@ class _Connection(object):
         self._view = memoryview(self._buffer)
         self._start = 0  # the unread bytes are _buffer[_start:_end]
         self._end = 0
+        self.retired = False  # set under the send lock: nothing more is written
 
     def call(self, tool, args):
         board = self._board
@@ -232,13 +249,33 @@ class _Connection(object):
         board.register(request_id)
         try:
             with self._send_lock:
-                self._sock.sendall(_HEADER.pack(len(body)) + body)
+                if self.retired:
+                    raise _Retired("the connection was retired")
+                try:
+                    self._sock.sendall(_HEADER.pack(len(body)) + body)
+                except OSError:
+                    raise
+                except BaseException:  # a signal handler's: part of the frame may be out
+                    self.retired = True
+                    raise
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
-        except BaseException:  # Ctrl-C in the send: it will not wait; drop its entry
+        except BaseException:  # Ctrl-C in the send, or retired: it will not wait
             board.forget(request_id)
+            if self.retired:
+                self._close_if_idle()
             raise
-        return board.wait(request_id, self._read_until)
+        try:
+            return board.wait(request_id, self._read_until)
+        finally:
+            if self.retired:
+                self._close_if_idle()
+
+    def _close_if_idle(self):
+        """Close a retired connection's socket once no call waits on it (a call that
+        comes later raises :class:`_Retired` before it would touch the socket)."""
+        if self._board.idle():
+            self.close()
 
     def _read_until(self, request_id):
         deliver = self._board.deliver
@@ -630,6 +667,16 @@ def _connect():
         return _connection
 
 
+def _replace(retired):
+    """The connection to use in place of ``retired`` (made now if no other call made
+    one first)."""
+    global _connection
+    with _connection_lock:
+        if _connection is retired:
+            _connection = None
+    return _connect()
+
+
 def _forget_connection():
     # After os.fork() the child must not share its parent's socket and read turn.
     global _connection, _connection_lock
@@ -652,7 +699,11 @@ def _call(tool, args):
     """
     args = {k: v for k, v in args.items() if v is not None}
     try:
-        reply = (_connection or _connect()).call(tool, args)
+        connection = _connection or _connect()
+        try:
+            reply = connection.call(tool, args)
+        except _Retired:  # nothing of this call was sent: make it on a new connection
+            reply = _replace(connection).call(tool, args)
     except ToolCallError as exc:
         raise ToolCallError("%s(): %s" % (tool, exc)) from None
     error = reply.get("error")

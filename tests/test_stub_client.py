@@ -1405,3 +1405,84 @@ def test_a_caller_interrupted_in_its_send_leaves_nothing_behind(
         assert answered(results, 1), results
     finally:
         peer.close()
+
+
+def test_a_send_cut_by_an_exception_retires_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal's handler raises while the main thread's large request is half sent (the
+    host not reading): the host would read the next request's bytes as the rest of that
+    frame and never answer it. The connection is retired instead: the call already sent
+    gets its reply on it, the next call goes on a new connection, and the old socket is
+    closed once no call is left on it (the host sees its end)."""
+    import socket
+    import threading
+
+    import msgpack
+
+    client = load_client()
+    peer = SocketPeer(client, tmp_path)
+    board = peer.connection._board
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "s"))
+    listener.listen(1)
+    listener.settimeout(SCRIPT_TIMEOUT)
+    monkeypatch.setenv("HERMES_RPC_SOCKET", str(tmp_path / "s"))
+    monkeypatch.setenv("HERMES_RPC_TOKEN", TOKEN)
+    monkeypatch.delenv("HERMES_RPC_DIR", raising=False)
+    client._connection = peer.connection
+    results: dict[int, Any] = {}
+
+    def call(tag: int) -> threading.Thread:
+        def run() -> None:
+            try:
+                results[tag] = client._call("echo", {"tag": tag})
+            except BaseException as exc:
+                results[tag] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def direct() -> None:
+        try:
+            eventually(lambda: len(board._waiting) == 2, "the main thread registers")
+            settle()  # its send stuck on the full socket
+        finally:
+            interrupt_main_thread()
+
+    try:
+        first = call(0)
+        peer.wait_requests(1)
+        eventually(lambda: board._reading, "the first caller takes the read turn")
+        with interrupted_by_sigusr1():
+            director = threading.Thread(target=direct, daemon=True)
+            director.start()
+            with pytest.raises(Interrupted):
+                client._call("echo", {"tag": 1, "data": "x" * (32 << 20)})
+            director.join(SCRIPT_TIMEOUT)
+        assert peer.connection.retired
+
+        later = call(2)  # on a new connection
+        fresh, _ = listener.accept()
+        with fresh:
+            fresh.settimeout(SCRIPT_TIMEOUT)
+            header = fresh.recv(4, socket.MSG_WAITALL)
+            request = msgpack.unpackb(fresh.recv(int.from_bytes(header, "big"), socket.MSG_WAITALL))
+            assert request["args"] == {"tag": 2}, request
+            fresh.sendall(reply_frame(request["id"], json.dumps({"tag": 2})))
+            later.join(SCRIPT_TIMEOUT)
+        assert results[2] == {"tag": 2}, results
+
+        assert peer.connection._sock.fileno() >= 0, "closed under the call still waiting"
+        peer.answer(0)  # the call sent before the cut still gets its reply
+        first.join(SCRIPT_TIMEOUT)
+        assert results[0] == {"tag": 0}, results
+        eventually(lambda: peer.connection._sock.fileno() < 0, "the retired socket closes")
+        received = 0
+        while chunk := peer.sock.recv(1 << 20):  # the cut frame's part, then the end
+            received += len(chunk)
+        assert 0 < received < 32 << 20
+    finally:
+        listener.close()
+        peer.close()
