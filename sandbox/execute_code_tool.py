@@ -17,7 +17,13 @@ from typing import Any
 
 from hermes_sandbox.runner import RunError, RunOptions, resolve_tools
 from hermes_sandbox.stubs import tool_signature
-from hermes_sandbox.task_sessions import TaskSessions, close_all_sessions, close_task_session
+from hermes_sandbox.task_sessions import (
+    DEFAULT_IDLE_SECONDS,
+    TaskSessions,
+    checked_idle_seconds,
+    close_all_sessions,
+    close_task_session,
+)
 from hermes_sandbox.tools import (
     BLOCKED_TOOLS,
     ToolContext,
@@ -257,6 +263,7 @@ def register_execute_code(
     enabled_tools: Sequence[str] | None = None,
     options: RunOptions | None = None,
     persistent: bool = False,
+    idle_seconds: float | None = DEFAULT_IDLE_SECONDS,
 ) -> ToolEntry:
     """(Re-)register execute_code for a session whose enabled tools are ``enabled_tools``,
     and return its entry (``entry.schema`` is the OpenAI-format definition).
@@ -269,8 +276,11 @@ def register_execute_code(
 
     Scripts of one task id (the ToolContext's, else ``options.task_id``, else
     "default") run in one warm sandbox, kept until :func:`close_task_session` (call it
-    when the task ends) or :func:`close_all_sessions` (at shutdown; also run at exit);
-    ``reset`` makes it anew. Registering again closes the sessions of the previous
+    when the task ends) or :func:`close_all_sessions` (at shutdown; also run at exit),
+    or until no script of the task has run for ``idle_seconds`` (1800 s; None: never),
+    when it is closed by itself and the task's next script starts in a new one (its
+    result's ``warning`` says so); ``reset`` makes it anew. Raises ValueError for an
+    ``idle_seconds`` that is not positive. Registering again closes the sessions of the previous
     registration on the same registry. With ``persistent=True`` each task's sandbox
     keeps one interpreter whose globals survive between scripts (see
     :class:`~hermes_sandbox.session.AsyncSession`); ``reset`` discards them.
@@ -281,11 +291,12 @@ def register_execute_code(
     options = (options or RunOptions()).validate()
     tools = script_tools(registry, enabled_tools, options)
     base = dataclasses.replace(options, tools=tuple(tools))
+    checked_idle_seconds(idle_seconds)  # before the previous sessions go
     previous = _registered_sessions.get(id(registry))
     if previous is not None:
         previous.close_all()
     sessions = _registered_sessions[id(registry)] = TaskSessions(
-        base, registry, persistent=persistent
+        base, registry, persistent=persistent, idle_seconds=idle_seconds
     )
 
     async def handle(args: dict[str, Any], ctx: ToolContext | None) -> str:

@@ -6,7 +6,9 @@ sockets and clients), while the tool is called from whatever loop or thread the 
 uses. So the sessions live on an event loop of their own, in a daemon thread, and each
 call is handed to it. :func:`close_task_session` ends one task's session (call it when
 the task ends), :func:`close_all_sessions` every one; the latter also runs when the
-interpreter exits.
+interpreter exits. A session no run has used for ``idle_seconds`` (1800 s unless
+given, as Hermes reaps idle interpreters) is closed by itself; the task's next run
+starts a new one and its result says so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from hermes_sandbox.tools.registry import ToolRegistry
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+# How long a task's session may go unused before it is closed (its sandbox removed).
+DEFAULT_IDLE_SECONDS = 1800.0
+
 _loop = PortalThread("hermes-sandbox-sessions")
 _all_lock = threading.Lock()
 _all: weakref.WeakSet[TaskSessions] = weakref.WeakSet()
@@ -49,16 +54,32 @@ class TaskSessions:
     With ``persistent`` each task's session keeps one interpreter whose globals survive
     between calls; the sessions are then entered (``async with``) in tasks of a task
     group this registration keeps on the sessions' loop.
+
+    A session whose last run ended ``idle_seconds`` ago (None: never) is closed by a
+    reaper task on the sessions' loop, started with the first session; the task's next
+    run starts a new session, and its result's ``warning`` says the old one was closed.
     """
 
     def __init__(
-        self, options: RunOptions, registry: ToolRegistry, *, persistent: bool = False
+        self,
+        options: RunOptions,
+        registry: ToolRegistry,
+        *,
+        persistent: bool = False,
+        idle_seconds: float | None = DEFAULT_IDLE_SECONDS,
     ) -> None:
         self._options = options
         self._registry = registry
         self._persistent = persistent
+        self._idle_seconds = checked_idle_seconds(idle_seconds)
         self._sessions: dict[str, AsyncSession] = {}
-        self._locks: dict[str, anyio.Lock] = {}  # used on the sessions' loop only
+        # Used on the sessions' loop only: each task's lock (held by its run), the loop
+        # time its last run ended, and the tasks whose session the reaper closed.
+        self._locks: dict[str, anyio.Lock] = {}
+        self._last_used: dict[str, float] = {}
+        self._reaped: set[str] = set()
+        self._reaper: concurrent.futures.Future[None] | None = None
+        self._reaper_lock = threading.Lock()
         self._holders: dict[str, tuple[anyio.Event, anyio.Event]] = {}  # closing, closed
         self._tasks: anyio.abc.TaskGroup | None = None
         if persistent:
@@ -110,37 +131,55 @@ class TaskSessions:
     async def run(self, task_id: str, code: str, *, reset: bool = False) -> ExecutionResult:
         """Run ``code`` in ``task_id``'s session (started if it has none; made anew
         first when ``reset``). Raises RunError and BackendError as a run does."""
+        self._start_reaper()
         return await _on_loop(self._run, task_id, code, reset)
 
     async def _run(self, task_id: str, code: str, reset: bool) -> ExecutionResult:
         lock = self._locks.setdefault(task_id, anyio.Lock())
         async with lock:
-            session = self._sessions.get(task_id)
-            if session is None:
-                session = AsyncSession(
-                    self._options.backend,
-                    registry=self._registry,
-                    start_in_workspace=False,  # where a one-shot run starts, as before
-                    persistent=self._persistent,
-                    **_session_fields(self._options, task_id),
-                )
-                if self._persistent:
-                    assert self._tasks is not None
-                    holder = (anyio.Event(), anyio.Event())
-                    await self._tasks.start(self._hold, session, *holder)
-                    self._holders[task_id] = holder
-                self._sessions[task_id] = session
-            elif reset:
-                await session.reset()
             try:
-                return await session.run(code)
-            except BackendError:
-                await self._close(task_id)
-                raise
+                result = await self._run_locked(task_id, code, reset)
+            finally:
+                if task_id in self._sessions:  # not closed by the run's failure
+                    self._last_used[task_id] = anyio.current_time()
+            if task_id in self._reaped and not reset:
+                note = (
+                    f"This task's sandbox had been closed after {self._idle_seconds:g} s "
+                    "unused; this run started in a new one: what earlier runs left inside "
+                    "the old one (files, processes, globals) is gone."
+                )
+                result.warning = f"{note} {result.warning}" if result.warning else note
+            self._reaped.discard(task_id)
+            return result
+
+    async def _run_locked(self, task_id: str, code: str, reset: bool) -> ExecutionResult:
+        session = self._sessions.get(task_id)
+        if session is None:
+            session = AsyncSession(
+                self._options.backend,
+                registry=self._registry,
+                start_in_workspace=False,  # where a one-shot run starts, as before
+                persistent=self._persistent,
+                **_session_fields(self._options, task_id),
+            )
+            if self._persistent:
+                assert self._tasks is not None
+                holder = (anyio.Event(), anyio.Event())
+                await self._tasks.start(self._hold, session, *holder)
+                self._holders[task_id] = holder
+            self._sessions[task_id] = session
+        elif reset:
+            await session.reset()
+        try:
+            return await session.run(code)
+        except BackendError:
+            await self._close(task_id)
+            raise
 
     async def _close(self, task_id: str) -> bool:
         session = self._sessions.pop(task_id, None)
         self._locks.pop(task_id, None)
+        self._last_used.pop(task_id, None)
         if session is None:
             return False
         holder = self._holders.pop(task_id, None)
@@ -158,6 +197,7 @@ class TaskSessions:
         return bool(_loop.run(self._close_waiting(task_id)))
 
     async def _close_waiting(self, task_id: str) -> bool:
+        self._reaped.discard(task_id)  # closed on purpose: the next run starts afresh
         lock = self._locks.get(task_id)
         if lock is None:
             return await self._close(task_id)
@@ -165,9 +205,61 @@ class TaskSessions:
             return await self._close(task_id)
 
     def close_all(self) -> None:
-        """Close every session of this registration."""
+        """Close every session of this registration, and stop its reaper."""
+        with self._reaper_lock:
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.cancel()
         for task_id in list(self._sessions):
             self.close(task_id)
+
+    # -- the idle sessions' end ----------------------------------------------------------
+
+    def _start_reaper(self) -> None:
+        """Start the reaper on the sessions' loop, once (from the caller's thread)."""
+        if self._idle_seconds is None or self._reaper is not None:
+            return
+        with self._reaper_lock:
+            if self._reaper is None:
+                self._reaper = _loop.start_soon(self._reap)
+
+    async def _reap(self) -> None:
+        """Close each session idle for ``idle_seconds``, waking when the next may be due:
+        a session made or used while it sleeps is due no sooner than its wake."""
+        assert self._idle_seconds is not None
+        idle = self._idle_seconds
+        while True:
+            now = anyio.current_time()
+            for task_id, used in list(self._last_used.items()):
+                if now - used >= idle:
+                    await self._close_idle(task_id, used)
+            due = [used + idle for used in self._last_used.values()]
+            await anyio.sleep(max(min(due, default=now + idle) - now, 0.01))
+
+    async def _close_idle(self, task_id: str, used: float) -> None:
+        lock = self._locks.get(task_id)
+        if lock is not None and lock.locked():  # a run goes on: not idle
+            return
+        if lock is None or task_id not in self._sessions:  # closed meanwhile
+            self._last_used.pop(task_id, None)
+            return
+        async with lock:
+            if self._last_used.get(task_id) != used or task_id not in self._sessions:
+                return  # used (or closed) meanwhile
+            log.info("closing the session of task %s: unused for %g s", task_id, self._idle_seconds)
+            try:
+                await self._close(task_id)
+            except Exception as exc:  # the reaper goes on with the others
+                log.warning("closing the idle session of task %s failed: %s", task_id, exc)
+            self._reaped.add(task_id)
+
+
+def checked_idle_seconds(value: float | None) -> float | None:
+    """``value`` if it is a time a session may go unused (positive) or None (never);
+    raises ValueError otherwise."""
+    if value is not None and (isinstance(value, bool) or not value > 0):
+        raise ValueError(f"idle_seconds must be positive, or None for never; got {value!r}")
+    return value
 
 
 def _session_fields(options: RunOptions, task_id: str) -> dict[str, Any]:
@@ -211,4 +303,10 @@ def close_all_sessions() -> None:
         owner.close_all()
 
 
-__all__ = ["TaskSessions", "close_all_sessions", "close_task_session"]
+__all__ = [
+    "DEFAULT_IDLE_SECONDS",
+    "TaskSessions",
+    "checked_idle_seconds",
+    "close_all_sessions",
+    "close_task_session",
+]

@@ -296,6 +296,36 @@ def test_execute_code_keeps_the_interpreter_of_each_task(
         close_task_session(task_b)
 
 
+def test_an_unused_persistent_task_session_is_closed_with_its_interpreter(
+    held_local: Any,  # noqa: F811
+    portal: Any,  # noqa: F811
+) -> None:
+    """A persistent task session unused for ``idle_seconds`` is closed by itself, its
+    interpreter with it; the task's next script starts a new one, and its result says
+    the globals are gone."""
+    registry = ToolRegistry()
+    register_execute_code(registry, enabled_tools=[], persistent=True, idle_seconds=0.5)
+    target = SessionTarget("local", "unix", held_local, portal)
+    context = ToolContext(task_id=f"pidle-{RUN_ID}", environment=None, cwd=os.getcwd())
+
+    def call(code: str) -> dict[str, Any]:
+        result = json.loads(registry.dispatch("execute_code", {"code": code}, context))
+        assert result["status"] == "success", result
+        return dict(result)
+
+    try:
+        pid = int(call(PID + "\nx = 'a'")["output"])
+        deadline = time.monotonic() + 30
+        while target.alive([pid]):  # the reaper's work shows only in what it ends
+            assert time.monotonic() < deadline, "the idle interpreter still runs"
+            time.sleep(0.05)
+        fresh = call("print('x' in globals())")
+        assert fresh["output"] == "False\n" and fresh["interpreter_started"] is True
+        assert "globals" in fresh.get("warning", ""), fresh
+    finally:
+        close_task_session(str(context.task_id))
+
+
 HOST = """
 import sys, time
 from hermes_sandbox import Session

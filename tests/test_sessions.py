@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,6 +404,67 @@ def test_execute_code_keeps_one_session_per_task() -> None:
         close_task_session(task_b)
     assert not os.path.exists(other)
     assert entry.name == "execute_code"
+
+
+def stage_of(registry: ToolRegistry, task: str, code: str = "") -> tuple[str, dict[str, Any]]:
+    """Run execute_code for ``task`` (``code`` first); return the run's stage directory
+    (where the script lies) and the result."""
+    stage = "import os; print(os.path.dirname(os.path.abspath(__file__)))"
+    context = ToolContext(task_id=task, environment=None, cwd=os.getcwd())
+    result = json.loads(registry.dispatch("execute_code", {"code": code + stage}, context))
+    assert result["status"] == "success", result
+    return result["output"].strip().splitlines()[-1], result
+
+
+def wait_gone(path: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while os.path.exists(path):  # the reaper's work shows only in what it removes
+        assert time.monotonic() < deadline, f"{path} still there after {seconds} s"
+        time.sleep(0.05)
+
+
+def test_an_unused_task_session_is_closed_and_its_next_run_says_so() -> None:
+    """No script of the task runs for ``idle_seconds``: its session is closed (its stage
+    removed) by itself, and the task's next script starts in a new one, whose result's
+    warning says what was lost; the run after that is warm again, with no warning."""
+    registry = ToolRegistry()
+    register_execute_code(registry, enabled_tools=[], idle_seconds=0.5)
+    task = f"idle-{RUN_ID}"
+    try:
+        first, result = stage_of(registry, task)
+        assert "warning" not in result, result
+        wait_gone(first)
+        second, result = stage_of(registry, task)
+        assert second != first
+        assert "closed after 0.5 s unused" in result.get("warning", ""), result
+        again, result = stage_of(registry, task)
+        assert again == second and "warning" not in result, result
+    finally:
+        close_task_session(task)
+
+
+def test_a_task_session_in_use_is_not_closed() -> None:
+    """A run longer than ``idle_seconds`` is not cut, and runs that follow each other
+    keep their session: idleness counts from the end of the last run."""
+    registry = ToolRegistry()
+    register_execute_code(registry, enabled_tools=[], idle_seconds=1.0)
+    task = f"busy-{RUN_ID}"
+    try:
+        first, result = stage_of(registry, task, "import time; time.sleep(2.5)\n")
+        assert os.path.exists(first)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            stage, result = stage_of(registry, task)
+            assert stage == first and "warning" not in result, result
+        wait_gone(first)  # then, unused, it goes
+    finally:
+        close_task_session(task)
+
+
+@pytest.mark.parametrize("idle_seconds", [0, -1.0, float("nan"), True])
+def test_an_idle_time_that_is_not_positive_is_refused(idle_seconds: Any) -> None:
+    with pytest.raises(ValueError, match="idle_seconds must be positive"):
+        register_execute_code(ToolRegistry(), enabled_tools=[], idle_seconds=idle_seconds)
 
 
 # -- the streaming mechanism over in-memory chunks ----------------------------------------------
