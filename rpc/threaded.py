@@ -109,6 +109,11 @@ class LeaderFollowers:
         """Release the source (called once, under ``_state``, after every thread and
         call is done)."""
 
+    def _release_after_end(self) -> None:
+        """Release what may take long to close (called once, after :meth:`_release`,
+        outside the locks, once the source's end is signalled: the end of a run does
+        not wait for it)."""
+
     # -- threads ------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -336,6 +341,7 @@ class LeaderFollowers:
         # run, which waits for the readers after a source ended by itself, must not
         # wait out its bound.
         self._call_soon(self.readers_gone.set)
+        self._release_after_end()
 
 
 class _HandOffWatch:
