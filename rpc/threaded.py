@@ -18,10 +18,13 @@ further requests wait where they are (the socket, the directory).
 
 A transport subclasses :class:`LeaderFollowers` and supplies how to read
 (:meth:`~LeaderFollowers._read`), how to send a reply (:meth:`~LeaderFollowers._send`),
-how to wake a reader blocked at the end (:meth:`~LeaderFollowers._wake_readers`) and
+how to wake a reader blocked at the end (:meth:`~LeaderFollowers._wake_readers`),
 what to release when the last thread and call are done
-(:meth:`~LeaderFollowers._release`). Each item read carries a tag that the transport
-gets back with its reply (the files transport's request key; None on a socket).
+(:meth:`~LeaderFollowers._release`) and what may take a while to release, which is
+released only once that end is signalled
+(:meth:`~LeaderFollowers._release_after_end`). Each item read carries a tag that the
+transport gets back with its reply (the files transport's request key; None on a
+socket).
 """
 
 from __future__ import annotations
