@@ -178,6 +178,7 @@ class FileChannel(LeaderFollowers):
         self._directory = directory
         self._fd = -1
         self._watcher: _Inotify | None = None
+        self._closing_watcher: _Inotify | None = None  # closed after the end (_release)
         self._wake = (-1, -1)  # a pipe: shut() writes to it to wake the leader
         self._poller = select.poll()
         self._rescan = True  # look at every entry, not only the renames reported
@@ -582,7 +583,18 @@ class FileChannel(LeaderFollowers):
             pass
 
     def _release(self) -> None:
+        # The watch is closed after the end is signalled (_release_after_end): closing
+        # an inotify descriptor waits for the kernel to finish tearing down watches
+        # just removed, such as the script's own on this directory as its process
+        # exited: about 7 ms, which every files run's end used to wait out
+        # (docs/benchmarks.md, "Many runs over files (session 13)").
+        self._watcher, self._closing_watcher = None, self._watcher
         self.close()
+
+    def _release_after_end(self) -> None:
+        watcher, self._closing_watcher = self._closing_watcher, None
+        if watcher is not None:
+            watcher.close()
 
 
 def _write_all(fd: int, data: bytes, at: int | None = None) -> None:

@@ -18,10 +18,13 @@ further requests wait where they are (the socket, the directory).
 
 A transport subclasses :class:`LeaderFollowers` and supplies how to read
 (:meth:`~LeaderFollowers._read`), how to send a reply (:meth:`~LeaderFollowers._send`),
-how to wake a reader blocked at the end (:meth:`~LeaderFollowers._wake_readers`) and
+how to wake a reader blocked at the end (:meth:`~LeaderFollowers._wake_readers`),
 what to release when the last thread and call are done
-(:meth:`~LeaderFollowers._release`). Each item read carries a tag that the transport
-gets back with its reply (the files transport's request key; None on a socket).
+(:meth:`~LeaderFollowers._release`) and what may take a while to release, which is
+released only once that end is signalled
+(:meth:`~LeaderFollowers._release_after_end`). Each item read carries a tag that the
+transport gets back with its reply (the files transport's request key; None on a
+socket).
 """
 
 from __future__ import annotations
@@ -108,6 +111,11 @@ class LeaderFollowers:
     def _release(self) -> None:
         """Release the source (called once, under ``_state``, after every thread and
         call is done)."""
+
+    def _release_after_end(self) -> None:
+        """Release what may take long to close (called once, after :meth:`_release`,
+        outside the locks, once the source's end is signalled: the end of a run does
+        not wait for it)."""
 
     # -- threads ------------------------------------------------------------------------
 
@@ -336,6 +344,7 @@ class LeaderFollowers:
         # run, which waits for the readers after a source ended by itself, must not
         # wait out its bound.
         self._call_soon(self.readers_gone.set)
+        self._release_after_end()
 
 
 class _HandOffWatch:

@@ -33,6 +33,7 @@ from hermes_sandbox import execute_code_async
 from hermes_sandbox import threads as host_threads
 from hermes_sandbox.environments.local import MEMORY_PARENT
 from hermes_sandbox.environments.local_settings import LocalSettings
+from hermes_sandbox.rpc import files as files_transport
 from hermes_sandbox.rpc import messages
 from hermes_sandbox.rpc.errors import CallRefused
 from hermes_sandbox.rpc.files import (
@@ -543,6 +544,52 @@ async def test_rounds_of_runs_leave_no_descriptors_or_threads_behind() -> None:
     threads = [c[1] for c in counts]
     assert fds[1:] == [fds[0]] * 3, f"open descriptors after each round: {fds}"
     assert threads[1:] == [threads[0]] * 3, f"threads after each round: {threads}"
+
+
+class SlowToClose(_Inotify):
+    """A real inotify watch whose close waits until the test releases it, as the
+    kernel's close does for some milliseconds when a watch on the same directory has
+    just gone (the script's, as its process exits)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.release = threading.Event()
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.release.wait(10)
+        super().close()
+        self.closed.set()
+
+
+@pytest.mark.anyio
+async def test_the_end_of_a_run_does_not_wait_for_its_watch_to_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's end is signalled before the watch is closed, so a slow close (about
+    7 ms of every files run, docs/benchmarks.md) is not on its path; the watch is
+    still closed, by the last serving thread, after it."""
+    watchers: list[SlowToClose] = []
+
+    def watcher(directory: str) -> SlowToClose:
+        watchers.append(SlowToClose(directory))
+        return watchers[-1]
+
+    monkeypatch.setattr(files_transport, "_watcher", watcher)
+    process = psutil.Process()
+    fds = process.num_fds()
+    handler = CountingHandler()
+    try:
+        async with serving(tmp_path, handler) as channel:
+            reply = await ask(tmp_path, "1-a-1", request(x=1))
+        assert reply == {"id": 1, "result": json.dumps({"echo": {"x": 1}})}
+        assert channel.ended.is_set(), "the end of the run waited for the watch's close"
+        assert not watchers[0].closed.is_set()
+    finally:
+        watchers[0].release.set()
+    await wait_until(watchers[0].closed.is_set, "the watch closed")
+    await wait_until(lambda: not serving_threads(), "every serving thread ended")
+    assert process.num_fds() == fds
 
 
 class BlockingHandler:
