@@ -1452,36 +1452,51 @@ def test_the_relay_imports_nothing_from_the_scripts_working_directory(server: Se
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def test_relayed_calls_are_answered_in_the_loops_reader_callback(server: Server) -> None:
-    """Over the ssh relay the host answers a call that can be answered at once in the
-    event loop's reader callback on the channel's wake-up pipe, with no task woken."""
-    import asyncio
+def test_relayed_calls_are_answered_on_the_transport_thread(server: Server) -> None:
+    """Over the ssh relay the host answers a call that can be answered at once on
+    paramiko's transport thread, right where it received it: no task woken, and no
+    hop to the event loop's thread (its wake-up pipe left alone). A call that cannot
+    (a plain tool) still runs, answered from the loop."""
+    import threading
+
+    import paramiko
 
     from hermes_sandbox.tools.registry import ToolRegistry
 
-    in_task: list[bool] = []
+    on_transport: list[bool] = []
+    plain_on_transport: list[bool] = []
 
     def where(args: dict[str, Any]) -> str:
-        in_task.append(asyncio.current_task() is not None)
+        on_transport.append(isinstance(threading.current_thread(), paramiko.Transport))
         return "ok"
 
-    schema = {"name": "where", "description": "Note where it ran.", "parameters": {}}
+    def plain(args: dict[str, Any]) -> str:
+        plain_on_transport.append(isinstance(threading.current_thread(), paramiko.Transport))
+        return "plain"
+
     registry = ToolRegistry()
-    registry.register("where", "test", schema, where, inline=True)
+    for name, handler, inline in (("where", where, True), ("plain", plain, False)):
+        schema = {"name": name, "description": "Note where it ran.", "parameters": {}}
+        registry.register(name, "test", schema, handler, inline=inline)
     result = execute_code(
-        "from hermes_tools import where\nfor _ in range(5):\n    where()\nprint('done')",
+        "from hermes_tools import where, plain\n"
+        "for _ in range(5):\n"
+        "    where()\n"
+        "    assert plain() == 'plain'\n"
+        "print('done')",
         backend="ssh",
         backend_options=server.options(),
         transport="relay",
-        tools=("where",),
+        tools=("where", "plain"),
         registry=registry,
         timeout=30,
     )
     assert result.status == "success", result.output
-    assert len(in_task) == 5
+    assert len(on_transport) == 5
     # The first call may come in one read with the connection's opening, which the
-    # task acts on; the calls after it come alone.
-    assert in_task[1:] == [False] * 4
+    # loop's task acts on; the calls after it come alone.
+    assert on_transport[1:] == [True] * 4
+    assert plain_on_transport == [False] * 5
 
 
 # -- the standby relay: started ahead of the next run on a pooled connection -------------
