@@ -268,6 +268,8 @@ class SSHExecStream(ExecStream):
                 if self._on_data is not None and not self._paused and not self._closed:
                     self._read_stdout()
                     return
+            except Exception:  # never into paramiko's loop: it would end the connection
+                log.exception("reading an ssh channel on its transport thread")
             finally:
                 self._read_lock.release()
         wakeup.set()
