@@ -16,7 +16,11 @@ the output caps and the timeout, with one round trip per call.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import logging
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -30,7 +34,7 @@ from hermes_sandbox.errors import RelayError
 from hermes_sandbox.rpc.errors import ConnectionClosed, FrameError
 from hermes_sandbox.rpc.framing import FrameDecoder, encode_frame, iter_messages
 from hermes_sandbox.rpc.messages import Request
-from hermes_sandbox.rpc.server import RequestReader, RPCServer
+from hermes_sandbox.rpc.server import RequestReader, RPCServer, loop_caller
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,10 @@ RELAY_END_SECONDS = 2.0
 
 class _LoopReadChannel(Protocol):
     """A channel that can be read from the event loop's reader callback (docker's exec
-    stream: ``DockerExecStream.read_in_loop``)."""
+    stream: ``DockerExecStream.read_in_loop``), or from the thread that received its
+    bytes (ssh's: ``SSHExecStream.read_in_loop`` on paramiko's transport thread):
+    ``on_data`` is called from either, one call at a time and in order, and may call
+    ``pause_reading`` and ``stop_reading``; ``on_end`` from the loop's thread."""
 
     def read_in_loop(
         self, on_data: Callable[[bytes], None], on_end: Callable[[Exception | None], None]
@@ -68,6 +75,40 @@ class _LoopReadChannel(Protocol):
     def resume_reading(self) -> None: ...
 
     def stop_reading(self) -> None: ...
+
+
+class _OnLoop:
+    """Runs ``f()`` on the event loop's thread: at once when called there, else soon
+    (from the channel's receiving thread, for what only the loop may do: set an anyio
+    event, start a task). Make it on the loop."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # trio: called on its thread only (no reader callbacks)
+            self._later: Callable[[Callable[[], object]], object] = loop_caller()
+            return
+        # In the loop's context (anyio finds its backend there), not the caller's.
+        context = contextvars.copy_context()
+
+        def later(f: Callable[[], object]) -> None:
+            try:
+                loop.call_soon_threadsafe(f, context=context.copy())
+            except RuntimeError:  # the loop is closed
+                pass
+
+        self._later = later
+
+    def __call__(self, f: Callable[[], object]) -> None:
+        if threading.get_ident() == self._thread:
+            f()
+        else:
+            self._later(f)
+
+
+def _at_once(f: Callable[[], object]) -> None:
+    f()
 
 
 class _ChannelWriter:
@@ -81,10 +122,17 @@ class _ChannelWriter:
     waiting): a reply then goes out in the call that made it, with no task switch.
     What the stream does not take at once is queued, ahead of all else, for the
     writing task (:meth:`run`).
+
+    :meth:`put` may be called from any thread: the queue is kept under ``lock`` (the
+    session's), and ``on_loop`` sets the writing task's event from the loop's thread.
     """
 
-    def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
+    def __init__(
+        self, stream: anyio.abc.ByteSendStream, lock: threading.RLock | None = None
+    ) -> None:
         self._stream = stream
+        self._lock = lock if lock is not None else threading.RLock()
+        self.on_loop: Callable[[Callable[[], object]], None] = _at_once
         self._send_nowait: Callable[[bytes], int] | None = getattr(stream, "send_nowait", None)
         self._queue: deque[tuple[bytes, int | None, anyio.Event | None]] = deque()
         self._queued = 0
@@ -96,9 +144,13 @@ class _ChannelWriter:
 
     def put(self, message: dict[str, Any], *, conn: int | None = None) -> bool:
         """Queue ``message``; False if it is a reply for ``conn`` over the limits."""
+        frame = encode_frame(message)
+        with self._lock:
+            return self._put(frame, conn)
+
+    def _put(self, frame: bytes, conn: int | None) -> bool:
         if self.broken:
             return False
-        frame = encode_frame(message)
         if not self._queue and not self._sending and self._send_nowait is not None:
             written = self._send_nowait(frame)
             if written == len(frame):
@@ -116,45 +168,54 @@ class _ChannelWriter:
             self._per_connection[conn] = self._per_connection.get(conn, 0) + len(frame)
         self._queue.append((frame, conn, None))
         self._queued += len(frame)
-        self._ready.set()
+        self.on_loop(self._ready.set)
         return True
 
     def put_first(self, message: dict[str, Any]) -> anyio.Event:
         """Queue ``message`` before everything else (after the rest of a frame already
         partly written); the event is set once written."""
-        if self.broken:
-            raise anyio.BrokenResourceError
         frame = encode_frame(message)
         written = anyio.Event()
-        self._queue.insert(1 if self._head_started else 0, (frame, None, written))
-        self._queued += len(frame)
-        self._ready.set()
+        with self._lock:
+            if self.broken:
+                raise anyio.BrokenResourceError
+            self._queue.insert(1 if self._head_started else 0, (frame, None, written))
+            self._queued += len(frame)
+            self._ready.set()
         return written
 
     async def run(self) -> None:
         """Write queued frames until cancelled or the channel breaks."""
         try:
             while True:
-                while not self._queue:
-                    self._ready = anyio.Event()
-                    await self._ready.wait()
-                frame, conn, written = self._queue.popleft()
-                self._head_started = False
-                self._queued -= len(frame)
-                if conn is not None:
-                    left = self._per_connection.pop(conn) - len(frame)
-                    if left:
-                        self._per_connection[conn] = left
-                self._sending = True
+                with self._lock:
+                    if not self._queue:
+                        self._ready = ready = anyio.Event()
+                        item = None
+                    else:
+                        item = self._queue.popleft()
+                        frame, conn, written = item
+                        self._head_started = False
+                        self._queued -= len(frame)
+                        if conn is not None:
+                            left = self._per_connection.pop(conn) - len(frame)
+                            if left:
+                                self._per_connection[conn] = left
+                        self._sending = True
+                if item is None:
+                    await ready.wait()
+                    continue
                 try:
                     await self._stream.send(frame)
                 finally:
-                    self._sending = False
+                    with self._lock:
+                        self._sending = False
                 if written is not None:
                     written.set()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self.broken = True
-            self._queue.clear()
+            with self._lock:
+                self.broken = True
+                self._queue.clear()
 
 
 class _RelayedConnection:
@@ -165,15 +226,25 @@ class _RelayedConnection:
     the Unix socket does on the host). After the script
     shuts its side (``eof``), the calls in flight still answer, then the host closes.
     A connection whose replies back up past the writer's limits is dropped.
+    Its state is the session's: used under the session's ``lock``, from the loop's
+    thread or the channel's receiving thread (``on_loop`` starts the tasks).
     """
 
     def __init__(
-        self, conn_id: int, server: RPCServer, writer: _ChannelWriter, tasks: anyio.abc.TaskGroup
+        self,
+        conn_id: int,
+        server: RPCServer,
+        writer: _ChannelWriter,
+        tasks: anyio.abc.TaskGroup,
+        lock: threading.RLock,
+        on_loop: Callable[[Callable[[], object]], None],
     ) -> None:
         self.conn_id = conn_id
         self._server = server
         self._writer = writer
         self._tasks = tasks
+        self._lock = lock
+        self._on_loop = on_loop
         self._reader = RequestReader(server)
         self._in_flight = 0
         self._input_ended = False
@@ -190,11 +261,22 @@ class _RelayedConnection:
 
     async def _answer_later(self, request: Request) -> None:
         try:
-            self._send(await self._server.reply_later(request))
+            reply = await self._server.reply_later(request)
+            with self._lock:
+                self._send(reply)
         finally:
-            self._in_flight -= 1
-            if self._input_ended and not self._in_flight:
-                self.close()
+            with self._lock:
+                self._in_flight -= 1
+                if self._input_ended and not self._in_flight:
+                    self.close()
+
+    def _start_answer(self, request: Request) -> None:
+        """On the loop's thread: answer ``request`` in a task."""
+        try:
+            self._tasks.start_soon(self._answer_later, request)
+        except RuntimeError:  # the run's task group has ended: no one to answer
+            with self._lock:
+                self._in_flight -= 1
 
     def feed(self, data: bytes) -> None:
         if self.closed or self._input_ended:
@@ -203,7 +285,7 @@ class _RelayedConnection:
             for item in self._reader.feed(data):
                 if isinstance(item, Request):
                     self._in_flight += 1
-                    self._tasks.start_soon(self._answer_later, item)
+                    self._on_loop(functools.partial(self._start_answer, item))
                     continue
                 self._send(item)
                 if self.closed:
@@ -279,7 +361,11 @@ class RelaySession:
         self.relay_pid: int | None = None
         self._server = server
         self._max_frame_size = max_frame_size  # of the channel's frames from the relay
-        self._writer = _ChannelWriter(channel)
+        # Held for every use of the connections and the writer's queue: the channel's
+        # data may be acted on by the thread that received it (_serve_in_loop).
+        self._lock = threading.RLock()
+        self._on_loop: Callable[[Callable[[], object]], None] = _at_once
+        self._writer = _ChannelWriter(channel, self._lock)
         out_send, out_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
         err_send, err_receive = anyio.create_memory_object_stream[bytes](_OUTPUT_BUFFER)
         self._sinks = {1: out_send, 2: err_send}
@@ -312,6 +398,7 @@ class RelaySession:
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
+                self._on_loop = self._writer.on_loop = _OnLoop()
                 tasks.start_soon(self._writer.run)
                 tasks.start_soon(self._demultiplex)
                 try:
@@ -403,6 +490,10 @@ class RelaySession:
         await self.kill(0)
 
     def _mark_exit(self, code: int, error: str | None = None) -> None:
+        with self._lock:
+            self._mark_exit_locked(code, error)
+
+    def _mark_exit_locked(self, code: int, error: str | None) -> None:
         if self._exited.is_set():
             return
         if error and not self.error:
@@ -422,7 +513,8 @@ class RelaySession:
             if not await self._serve_in_loop():
                 async for message in iter_messages(self._channel, self._max_frame_size):
                     if message.get("op") == "rpc":
-                        self._feed_rpc(message)
+                        with self._lock:
+                            self._feed_rpc(message)
                     else:
                         await self._dispatch(message)
         except (FrameError, ConnectionClosed) as exc:
@@ -432,12 +524,14 @@ class RelaySession:
             self._mark_lost("the relay went away before the script's exit")
 
     async def _serve_in_loop(self) -> bool:
-        """Read the channel from the event loop's reader callback, where the channel
-        offers it (``read_in_loop``: docker's exec socket on asyncio): a script's
-        request is then answered, when it can be at once, in the callback that read
-        it, with no task woken. Every other message, and what follows one, is queued
-        in order for this task; past :data:`_HELD_MESSAGES` the channel is paused until
-        the queue drains (the output's backpressure). False if the channel cannot."""
+        """Read the channel where it calls back with its bytes (``read_in_loop``:
+        docker's exec socket from the event loop's reader callback, ssh's channel from
+        paramiko's transport thread): a script's request is then answered, when it can
+        be at once, in the callback that read it, with no task woken. Every other
+        message, and what follows one, is queued in order for this task; past
+        :data:`_HELD_MESSAGES` the channel is paused until the queue drains (the
+        output's backpressure). A held message leaves the queue once acted on, so a
+        call behind an ``open`` finds its connection. False if the channel cannot."""
         if not hasattr(self._channel, "read_in_loop"):
             return False
         channel = cast(_LoopReadChannel, self._channel)
@@ -446,53 +540,62 @@ class RelaySession:
         ended: list[BaseException | None] = []
         wake = [anyio.Event()]
         paused = False
+        lock, on_loop = self._lock, self._on_loop
 
         def on_data(data: bytes) -> None:
             nonlocal paused
-            if ended:
-                return
-            try:
-                for message in decoder.feed(data):
-                    if not held and message.get("op") == "rpc":
-                        self._feed_rpc(message)
-                    else:
-                        held.append(message)
-            except BaseException as exc:  # raised in this task, not lost in the loop
-                ended.append(exc)
-                channel.stop_reading()
-                wake[0].set()
-                return
-            if held:
-                if len(held) >= _HELD_MESSAGES and not paused:
-                    paused = True
-                    channel.pause_reading()
-                wake[0].set()
+            with lock:
+                if ended:
+                    return
+                try:
+                    for message in decoder.feed(data):
+                        if not held and message.get("op") == "rpc":
+                            self._feed_rpc(message)
+                        else:
+                            held.append(message)
+                except BaseException as exc:  # raised in this task, not lost in a callback
+                    ended.append(exc)
+                    channel.stop_reading()
+                    on_loop(wake[0].set)
+                    return
+                if held:
+                    if len(held) >= _HELD_MESSAGES and not paused:
+                        paused = True
+                        channel.pause_reading()
+                    on_loop(wake[0].set)
 
         def on_end(exc: Exception | None) -> None:
-            ended.append(None)
-            wake[0].set()
+            with lock:
+                ended.append(None)
+                wake[0].set()
 
         if not channel.read_in_loop(on_data, on_end):
             return False
         try:
             while True:
-                while held:
-                    message = held.popleft()
-                    if message.get("op") == "rpc":
+                with lock:
+                    message = held[0] if held else None
+                    if message is not None and message.get("op") == "rpc":
                         self._feed_rpc(message)
-                    else:
-                        await self._dispatch(message)
-                if ended:
-                    if ended[0] is not None:
-                        raise ended[0]
-                    if decoder.inside_frame:
-                        raise ConnectionClosed("stream ended inside a frame")
-                    return True
-                if paused:
-                    paused = False
-                    channel.resume_reading()
-                wake[0] = anyio.Event()
-                await wake[0].wait()
+                        held.popleft()
+                        continue
+                    if message is None:
+                        if ended:
+                            if ended[0] is not None:
+                                raise ended[0]
+                            if decoder.inside_frame:
+                                raise ConnectionClosed("stream ended inside a frame")
+                            return True
+                        if paused:
+                            paused = False
+                            channel.resume_reading()
+                        wake[0] = woken = anyio.Event()
+                if message is None:
+                    await woken.wait()
+                    continue
+                await self._dispatch(message)
+                with lock:
+                    held.popleft()
         finally:
             channel.stop_reading()
 
@@ -505,16 +608,23 @@ class RelaySession:
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         """Act on one message from the relay other than ``rpc``."""
-        op = message.get("op")
-        if op == "out":
+        if message.get("op") == "out":
             sink = self._sinks.get(message.get("fd", 1))
             if sink is not None:
                 try:
                     await sink.send(message.get("data") or b"")
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     pass
-        elif op == "open":
-            await self._open(int(message["conn"]))
+        else:
+            with self._lock:
+                self._act(message)
+
+    def _act(self, message: dict[str, Any]) -> None:
+        """Act on one message from the relay other than ``rpc`` and ``out`` (under the
+        lock, on the loop's thread)."""
+        op = message.get("op")
+        if op == "open":
+            self._open(int(message["conn"]))
         elif op == "eof":
             connection = self._connections.get(message.get("conn", -1))
             if connection is not None:
@@ -542,7 +652,7 @@ class RelaySession:
         self.lost = error + (f": {tail[-500:]}" if tail else "")
         self._mark_exit(LOST_EXIT_CODE, self.lost)
 
-    async def _open(self, conn_id: int) -> None:
+    def _open(self, conn_id: int) -> None:
         assert self._tasks is not None
         if not self._server.admit_connection():
             refusal = encode_frame(self._server.TOO_MANY_CONNECTIONS)
@@ -550,5 +660,5 @@ class RelaySession:
             self._writer.put({"op": "close", "conn": conn_id})
             return
         self._connections[conn_id] = _RelayedConnection(
-            conn_id, self._server, self._writer, self._tasks
+            conn_id, self._server, self._writer, self._tasks, self._lock, self._on_loop
         )

@@ -1452,36 +1452,185 @@ def test_the_relay_imports_nothing_from_the_scripts_working_directory(server: Se
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def test_relayed_calls_are_answered_in_the_loops_reader_callback(server: Server) -> None:
-    """Over the ssh relay the host answers a call that can be answered at once in the
-    event loop's reader callback on the channel's wake-up pipe, with no task woken."""
-    import asyncio
+def test_relayed_calls_are_answered_on_the_transport_thread(server: Server) -> None:
+    """Over the ssh relay the host answers a call that can be answered at once on
+    paramiko's transport thread, right where it received it: no task woken, and no
+    hop to the event loop's thread (its wake-up pipe left alone). A call that cannot
+    (a plain tool) still runs, answered from the loop."""
+    import threading
+
+    import paramiko
 
     from hermes_sandbox.tools.registry import ToolRegistry
 
-    in_task: list[bool] = []
+    on_transport: list[bool] = []
+    plain_on_transport: list[bool] = []
 
     def where(args: dict[str, Any]) -> str:
-        in_task.append(asyncio.current_task() is not None)
+        on_transport.append(isinstance(threading.current_thread(), paramiko.Transport))
         return "ok"
 
-    schema = {"name": "where", "description": "Note where it ran.", "parameters": {}}
+    def plain(args: dict[str, Any]) -> str:
+        plain_on_transport.append(isinstance(threading.current_thread(), paramiko.Transport))
+        return "plain"
+
     registry = ToolRegistry()
-    registry.register("where", "test", schema, where, inline=True)
+    for name, handler, inline in (("where", where, True), ("plain", plain, False)):
+        schema = {"name": name, "description": "Note where it ran.", "parameters": {}}
+        registry.register(name, "test", schema, handler, inline=inline)
     result = execute_code(
-        "from hermes_tools import where\nfor _ in range(5):\n    where()\nprint('done')",
+        "from hermes_tools import where, plain\n"
+        "for _ in range(5):\n"
+        "    where()\n"
+        "    assert plain() == 'plain'\n"
+        "print('done')",
         backend="ssh",
         backend_options=server.options(),
         transport="relay",
-        tools=("where",),
+        tools=("where", "plain"),
         registry=registry,
         timeout=30,
     )
     assert result.status == "success", result.output
-    assert len(in_task) == 5
+    assert len(on_transport) == 5
     # The first call may come in one read with the connection's opening, which the
-    # task acts on; the calls after it come alone.
-    assert in_task[1:] == [False] * 4
+    # loop's task acts on; the calls after it come alone.
+    assert on_transport[1:] == [True] * 4
+    assert plain_on_transport == [False] * 5
+
+
+def test_relayed_output_and_calls_keep_their_order(server: Server) -> None:
+    """Output read on the transport thread waits in order for the loop's task, and
+    calls behind it are answered after it: bursts of output between calls arrive
+    whole and in order, and every call gets its own answer."""
+    code = (
+        "import sys\n"
+        "from hermes_tools import echo\n"
+        "for burst in range(20):\n"
+        "    sys.stdout.write(''.join('%d.%d\\n' % (burst, i) for i in range(300)))\n"
+        "    sys.stdout.flush()\n"
+        "    assert echo(n=burst) == {'n': burst}, burst\n"
+        "print('done')"
+    )
+    from hermes_sandbox.tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+    schema = {
+        "name": "echo",
+        "description": "Echo.",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+    }
+    registry.register("echo", "test", schema, lambda args: json.dumps(args), inline=True)
+    result = execute_code(
+        code,
+        backend="ssh",
+        backend_options=server.options(),
+        transport="relay",
+        tools=("echo",),
+        registry=registry,
+        timeout=60,
+    )
+    assert result.status == "success", result.output[-2000:]
+    expected = [f"{burst}.{i}" for burst in range(20) for i in range(300)] + ["done"]
+    assert result.output.splitlines() == expected
+    assert result.tool_calls_made == 20
+
+
+@pytest.mark.anyio
+async def test_relayed_output_past_the_hold_pauses_the_channel_from_the_transport_thread(
+    server: Server,
+) -> None:
+    """A stand-in relay over a real channel floods output past what the host holds,
+    with a call behind it, then sends calls one at a time: the channel is paused from
+    the transport thread that read the output and resumed by the loop, the output
+    arrives whole and in order to a slow reader, the call behind it is answered after
+    it, and the calls sent alone are answered on the transport thread."""
+    import threading
+
+    import msgpack
+    import paramiko
+
+    from hermes_sandbox.rpc import relay as host_relay
+    from hermes_sandbox.rpc.framing import encode_frame
+    from hermes_sandbox.rpc.server import RPCServer
+
+    token = "t" * 43
+
+    class Answers:
+        def __init__(self) -> None:
+            self.answered: list[tuple[str, bool]] = []
+
+        def answer_now(self, request: Any) -> str:
+            on_transport = isinstance(threading.current_thread(), paramiko.Transport)
+            self.answered.append((str(request.args["n"]), on_transport))
+            return str(request.args["n"])
+
+        async def __call__(self, request: Any) -> str:
+            raise AssertionError("answered at once")
+
+    outputs = 3 * host_relay._HELD_MESSAGES
+    first = encode_frame({"op": "started", "pid": 42, "relay_pid": 41}) + encode_frame(
+        {"op": "open", "conn": 1}
+    )
+    first += b"".join(
+        encode_frame({"op": "out", "fd": 1, "data": b"%d\n" % i}) for i in range(outputs)
+    )
+    calls = []
+    for n in range(5):
+        request = {"id": n, "tool": "echo", "args": {"n": n}, "token": token}
+        body = msgpack.packb(request, use_bin_type=True)
+        calls.append(
+            encode_frame({"op": "rpc", "conn": 1, "data": len(body).to_bytes(4, "big") + body})
+        )
+    program = f"""
+import os
+def put(b):
+    while b:
+        b = b[os.write(1, b):]
+def take(n):
+    got = b""
+    while len(got) < n:
+        chunk = os.read(0, n - len(got))
+        if not chunk:
+            raise SystemExit(3)
+        got += chunk
+    return got
+def reply():
+    take(int.from_bytes(take(4), "big"))
+put({first + calls[0]!r})
+reply()
+for call in {calls[1:]!r}:
+    put(call)
+    reply()
+put({encode_frame({"op": "exit", "code": 0})!r})
+"""
+    answers = Answers()
+    async with SSHEnvironment(server.config()) as env:
+        stream = await env.open_exec_stream(["python3", "-c", program])
+        paused_on: list[bool] = []
+        pause = stream.pause_reading
+
+        def noting_pause() -> None:  # a spy: the real pause runs
+            paused_on.append(isinstance(threading.current_thread(), paramiko.Transport))
+            pause()
+
+        stream.pause_reading = noting_pause  # type: ignore[method-assign]
+        async with host_relay.RelaySession(stream, RPCServer(answers, token=token)) as session:
+            got = b""
+            with anyio.fail_after(30):
+                async for chunk in session.stdout:
+                    got += chunk
+                    await anyio.sleep(0.001)  # a slow reader: the channel must pause
+                assert await session.wait() == 0
+    assert got == b"".join(b"%d\n" % i for i in range(outputs))
+    assert [n for n, _ in answers.answered] == ["0", "1", "2", "3", "4"]
+    assert True in paused_on  # paused from the transport thread
+    # The call behind the output was answered by the loop's task, after it; the calls
+    # sent alone on the transport thread (the first of them may come before the loop
+    # has resumed the channel, and be read by the loop).
+    where = [on_transport for _, on_transport in answers.answered]
+    assert where[0] is False
+    assert where[2:] == [True] * 3
 
 
 # -- the standby relay: started ahead of the next run on a pooled connection -------------

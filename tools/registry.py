@@ -189,8 +189,10 @@ class ToolRegistry:
         users; ``check_fn`` decides availability). ``validate_args=False`` hands the
         handler coerced but unvalidated arguments, for a tool that words its own advice
         on wrong calls. ``inline=True`` promises that a sync handler never blocks (no
-        I/O, no sleeping, quick): async callers then run it on the event loop itself
-        instead of handing it to a worker thread, which saves most of a call's cost.
+        I/O, no sleeping, quick): it is then run on whatever thread read the call (the
+        event loop's, a connection's serving thread, or paramiko's transport thread for
+        a call relayed over ssh) instead of being handed to a worker thread, which saves
+        most of a call's cost.
 
         Raises ValueError if ``name`` belongs to another toolset (unless ``override``)
         or if the schema's ``parameters`` is not a valid JSON Schema.

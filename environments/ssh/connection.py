@@ -19,6 +19,7 @@ from typing import Any
 
 from hermes_sandbox.environments.errors import BackendNotAvailable, EnvironmentFailure
 from hermes_sandbox.environments.ssh.settings import SDK_MISSING, SSHSettings
+from hermes_sandbox.environments.ssh.stream import ReceiptTransport
 
 try:
     import paramiko
@@ -124,6 +125,8 @@ def _connect(config: SSHSettings) -> Any:
             timeout=config.connect_timeout,
             banner_timeout=config.connect_timeout,
             auth_timeout=config.connect_timeout,
+            # Its channels' streams may read their data on its thread (relayed calls).
+            transport_factory=ReceiptTransport,
         )
     except BaseException as exc:
         client.close()

@@ -29,7 +29,9 @@ command starts with the login's environment).
 
 Streams. :class:`SSHExecStream` reads a channel without a thread per read: paramiko's
 transport thread fills the channel's buffers and pokes a pipe of ours
-(:class:`_Wakeup`) that the event loop waits on. Small writes go straight into the
+(:class:`_Wakeup`) that the event loop waits on; a relay's reader, which may be
+called from any thread, is handed the bytes on the transport thread itself
+(:class:`ReceiptTransport`), so a quick call is answered there. Small writes go straight into the
 channel when its window has room (one SSH packet, never waiting for the peer); larger
 ones, and the wait for the exit status, go through ``anyio.to_thread``. The transport's
 socket has ``TCP_NODELAY``: without it every channel open waits ~40 ms for a delayed
