@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -1432,17 +1433,10 @@ def test_a_send_cut_by_an_exception_retires_the_connection(
     monkeypatch.delenv("HERMES_RPC_DIR", raising=False)
     client._connection = peer.connection
     results: dict[int, Any] = {}
+    module_calls = SimpleNamespace(call=client._call)  # whichever connection is current
 
     def call(tag: int) -> threading.Thread:
-        def run() -> None:
-            try:
-                results[tag] = client._call("echo", {"tag": tag})
-            except BaseException as exc:
-                results[tag] = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
+        return calling(module_calls, tag, results)
 
     def direct() -> None:
         try:
