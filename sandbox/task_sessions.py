@@ -137,6 +137,7 @@ class TaskSessions:
     async def _run(self, task_id: str, code: str, reset: bool) -> ExecutionResult:
         lock = self._locks.setdefault(task_id, anyio.Lock())
         async with lock:
+            self._last_used.pop(task_id, None)  # not idle while it runs: the reaper skips it
             try:
                 result = await self._run_locked(task_id, code, reset)
             finally:
@@ -234,7 +235,8 @@ class TaskSessions:
                 if now - used >= idle:
                     await self._close_idle(task_id, used)
             due = [used + idle for used in self._last_used.values()]
-            await anyio.sleep(max(min(due, default=now + idle) - now, 0.01))
+            # At least a moment: a session whose close failed is tried again, not spun on.
+            await anyio.sleep(max(min(due, default=now + idle) - now, min(idle, 1.0)))
 
     async def _close_idle(self, task_id: str, used: float) -> None:
         lock = self._locks.get(task_id)
