@@ -456,7 +456,7 @@ class Kernel:
                 f"The persistent interpreter ended ({self.end_reason or 'it exited'}): its "
                 "globals are gone and the next run starts a fresh one."
             )
-            result.warning = f"{result.warning} {note}" if result.warning else note
+            result.add_warning(note)
         return result
 
 

@@ -37,6 +37,16 @@ class ExecutionResult:
     def ok(self) -> bool:
         return self.status == "success"
 
+    def add_warning(self, note: str, *, first: bool = False) -> None:
+        """Add ``note`` to :attr:`warning`: after what it says, or before with ``first``
+        (a note about what happened before the run, such as a sandbox made anew)."""
+        if not self.warning:
+            self.warning = note
+        elif first:
+            self.warning = f"{note} {self.warning}"
+        else:
+            self.warning = f"{self.warning} {note}"
+
     def to_dict(self) -> dict[str, Any]:
         """The result as Hermes's execute_code returns it (keys in its order); optional
         keys appear only when set."""

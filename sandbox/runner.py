@@ -615,7 +615,7 @@ def with_cleanup_problem(result: ExecutionResult, problem: str | None) -> Execut
     if not problem:
         return result
     note = f"The run's staging directory could not be removed: {problem}"
-    result.warning = f"{result.warning} {note}" if result.warning else note
+    result.add_warning(note)
     return result
 
 

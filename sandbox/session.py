@@ -271,7 +271,7 @@ class AsyncSession:
                     started=started,
                 )
                 if note:
-                    result.warning = f"{note} {result.warning}" if result.warning else note
+                    result.add_warning(note, first=True)
                 return result
             return await run_in_stage(
                 self._stage,

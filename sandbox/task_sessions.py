@@ -149,7 +149,7 @@ class TaskSessions:
                     "unused; this run started in a new one: what earlier runs left inside "
                     "the old one (files, processes, globals) is gone."
                 )
-                result.warning = f"{note} {result.warning}" if result.warning else note
+                result.add_warning(note, first=True)
             self._reaped.discard(task_id)
             return result
 

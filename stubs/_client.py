@@ -253,10 +253,9 @@ class _Connection(object):
                     raise _Retired("the connection was retired")
                 try:
                     self._sock.sendall(_HEADER.pack(len(body)) + body)
-                except OSError:
-                    raise
-                except BaseException:  # a signal handler's: part of the frame may be out
-                    self.retired = True
+                except BaseException as exc:
+                    if not isinstance(exc, OSError):  # a signal handler's: part may be out
+                        self.retired = True
                     raise
         except OSError as exc:
             self._fail(ToolCallError("lost the connection to the host: %s" % (exc,)))
