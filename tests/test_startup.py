@@ -355,17 +355,27 @@ def test_the_supervisors_launch_ignores_no_signal_it_ignores() -> None:
 # the status main() returned.
 PROGRAM_EXIT = textwrap.dedent(
     """\
-    import atexit, sys, threading, time
-    from hermes_sandbox.cli import console_main
+    import atexit, sys, threading
+    from hermes_sandbox import cli
 
-    def late():
-        time.sleep(0.3)
+    returned = threading.Event()
+    real_main = cli.main
+
+    def main():  # console_main's main(), which says when it has returned
+        try:
+            return real_main()
+        finally:
+            returned.set()
+
+    def late():  # still running when main() returns, however long the run took
+        returned.wait()
         print("the thread finished")
 
+    cli.main = main
     atexit.register(lambda: print("the exit function ran"))
     threading.Thread(target=late).start()
     sys.argv = ["hermes-sandbox", "run", sys.argv[1]]
-    console_main()
+    cli.console_main()
     """
 )
 
