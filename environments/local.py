@@ -22,15 +22,18 @@ an environment variable or a session, which a script can leave.
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import logging
 import os
+import select
 import shutil
 import stat as stat_module
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any, BinaryIO, Self
 
 import anyio
@@ -70,6 +73,16 @@ _LAUNCH_EXIT_SECONDS = 2.0
 # zipfile to every run for a path the package's files already give).
 # Where make_memory_dir puts its directories: the tmpfs every Linux system mounts.
 MEMORY_PARENT = "/dev/shm"
+# bubblewrap can fail to set a sandbox up for a reason of the moment: a mount of the
+# host's that changes while it copies the mount table (containers/bubblewrap#650; seen
+# here beside a container engine starting and removing containers). A launch behind it
+# is then made again (:class:`_Gate` tells that the command never started), this many
+# times in all; past them the last failure is the run's, as before.
+_SETUP_ATTEMPTS = 3
+# How long a launch watches bubblewrap's set-up before it stops looking: a set-up that
+# hangs (an unreachable automount) is then the run's timeout's, as any hang is.
+_SETUP_SECONDS = 10.0
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module from Python 3.10 on Linux only
 SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
@@ -434,31 +447,130 @@ async def open_local(
     """Start ``argv`` on this machine: every local launch goes through here. Under the
     supervisor (:func:`launch_argv`), unless ``sandboxed``: ``argv`` is then a command
     line behind bubblewrap (its own pid namespace, ``--die-with-parent``), which ends
-    what the script started when the script exits, and ends with this process. Raises
-    OSError (a ``cwd`` that does not exist)."""
-    lifeline = keep = None
+    what the script started when the script exits, and ends with this process; a launch
+    whose sandbox bubblewrap could not set up is made again (:data:`_SETUP_ATTEMPTS`),
+    which never runs a command twice: it is made again only if the command never
+    started. Raises OSError (a ``cwd`` that does not exist)."""
     if not sandboxed:
         lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
-        argv = launch_argv(argv, lifeline=lifeline)
-    try:
-        process = await anyio.open_process(
-            argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
-            pass_fds=() if lifeline is None else (lifeline,),
-        )
-    except BaseException:
-        if keep is not None:
+        try:
+            process = await anyio.open_process(
+                launch_argv(argv, lifeline=lifeline),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
+                pass_fds=(lifeline,),
+            )
+        except BaseException:
             os.close(keep)
-        raise
-    finally:
-        if lifeline is not None:
+            raise
+        finally:
             os.close(lifeline)
-    return _Launch(process, keep)
+        return _Launch(process, keep)
+    for attempt in range(1, _SETUP_ATTEMPTS + 1):
+        with _Gate() as gate:
+            process = await anyio.open_process(
+                gate.argv(argv),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                pass_fds=(gate.read_end,),
+            )
+            gate.given()
+            try:
+                if attempt == _SETUP_ATTEMPTS or await gate.passed():
+                    return _Launch(process, None)
+                said = await _setup_failure(process, stderr)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await _Launch(process, None).kill(0)
+                raise
+        log.info("bwrap could not set the sandbox up (%s); launching again", said)
+    raise AssertionError("unreachable")  # the last attempt returns
+
+
+class _Gate:
+    """What tells a launch that bubblewrap has set its sandbox up: a pipe of one slot
+    holding one packet (``O_DIRECT``), whose read end bubblewrap gets as ``--block-fd``
+    and reads once every mount is made, just before it starts the command. The write
+    end, kept here, turns writable when the packet is read (the command starts), and
+    reports an error, still full, when every read end has closed unread (bubblewrap
+    ended in its set-up: the command never started)."""
+
+    def __init__(self) -> None:
+        self.read_end, self._write_end = os.pipe2(os.O_CLOEXEC | os.O_DIRECT)
+        try:
+            fcntl.fcntl(self._write_end, _F_SETPIPE_SZ, 1)  # one page: a single slot
+            os.write(self._write_end, b"\0")  # the one packet: the pipe is full
+        except BaseException:
+            self.close()
+            raise
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """bubblewrap's command line ``argv`` with the gate given to it."""
+        return [argv[0], "--block-fd", str(self.read_end), *argv[1:]]
+
+    def given(self) -> None:
+        """bubblewrap has its copy of the read end: this process's goes."""
+        if self.read_end >= 0:
+            os.close(self.read_end)
+            self.read_end = -1
+
+    async def passed(self) -> bool:
+        """Whether bubblewrap got through its set-up; True as well when that is not
+        known within :data:`_SETUP_SECONDS`."""
+        poller = select.poll()
+        poller.register(self._write_end, select.POLLOUT)
+        with anyio.move_on_after(_SETUP_SECONDS):
+            while True:
+                for _fd, events in poller.poll(0):
+                    if events & select.POLLOUT:
+                        return True
+                    if events & (select.POLLERR | select.POLLHUP):
+                        return False
+                await anyio.wait_writable(self._write_end)
+        return True
+
+    def close(self) -> None:
+        self.given()
+        if self._write_end >= 0:
+            os.close(self._write_end)
+            self._write_end = -1
+
+    def __enter__(self) -> _Gate:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _setup_failure(process: anyio.abc.Process, stderr: Any) -> str:
+    """What bubblewrap said when it failed to set a sandbox up, taken out of the launch's
+    output (the command never ran: nothing in it is the script's); the process closed."""
+    said = b""
+    with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(_LAUNCH_EXIT_SECONDS):
+            await process.wait()
+        stream = process.stderr if process.stderr is not None else process.stdout
+        if stream is not None:
+            with anyio.move_on_after(_LAUNCH_EXIT_SECONDS):
+                with suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+                    while len(said) < 4096:
+                        said += await stream.receive()
+        elif hasattr(stderr, "seek"):  # a file of the launch's own: emptied for the next
+            stderr.seek(0)
+            said = stderr.read(4096)
+            stderr.seek(0)
+            stderr.truncate()
+        await _Launch(process, None).kill(0)
+        await process.aclose()
+    return said.decode("utf-8", "replace").strip() or f"exit status {process.returncode}"
 
 
 class _Launch:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -298,6 +300,97 @@ def test_killing_the_runner_takes_the_sandbox_and_its_stage_with_it(work: Path) 
 
 
 # -- choosing it ------------------------------------------------------------------------------
+
+
+# -- a sandbox bubblewrap could not set up --------------------------------------------------
+
+SETUP_FAILURE = (
+    "bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: "
+    'remount "/newroot/var/lib/containers/storage/overlay/0/merged": Invalid argument'
+)
+
+
+def failing_bwrap(tmp_path: Path, failures: int) -> dict[str, str]:
+    """An environment whose bwrap fails its first ``failures`` launches of a script as
+    bubblewrap fails when a mount of the host's changes while it sets a sandbox up
+    (containers/bubblewrap#650, seen beside a container engine): it says so on stderr and
+    exits 1 before it starts anything. The real bwrap does the rest (its probe among
+    them); each launch it was asked for is a line in ``tmp_path/launches``."""
+    real = shutil.which("bwrap")
+    assert real is not None
+    wrapper = tmp_path / "bin" / "bwrap"
+    wrapper.parent.mkdir()
+    launches = tmp_path / "launches"
+    wrapper.write_text(
+        textwrap.dedent(
+            f"""\
+            #!/bin/sh
+            for arg in "$@"; do
+              case "$arg" in
+                *.py)
+                  echo launch >> {launches}
+                  if [ "$(wc -l < {launches})" -le {failures} ]; then
+                    echo {shlex.quote(SETUP_FAILURE)} >&2
+                    exit 1
+                  fi
+                  break;;
+              esac
+            done
+            exec {real} "$@"
+            """
+        )
+    )
+    wrapper.chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # the wrapper's probe, not the user's
+    }
+
+
+def launches(tmp_path: Path) -> int:
+    path = tmp_path / "launches"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.usefixtures("bwrap")
+@pytest.mark.parametrize("transport", ["unix", "relay", "files"])
+def test_a_sandbox_bwrap_failed_to_set_up_is_launched_again(
+    tmp_path: Path, work: Path, transport: str
+) -> None:
+    env = failing_bwrap(tmp_path, failures=1)
+    done = run_script(work, "print('ran')", *BWRAP, "--transport", transport, env=env)
+    assert output(done) == "ran\n"  # nothing of the failure in it
+    assert "bwrap" not in json.loads(done.stdout).get("error", "")
+    assert launches(tmp_path) >= 2
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_a_sandbox_never_set_up_fails_the_run_saying_why(tmp_path: Path, work: Path) -> None:
+    env = failing_bwrap(tmp_path, failures=100)
+    done = run_script(work, "print('ran')", *BWRAP, env=env)
+    result = json.loads(done.stdout)
+    assert result["status"] == "error", result
+    assert "Can't bind mount" in result["error"], result
+    assert "ran" not in result["output"]
+    assert launches(tmp_path) == 3  # tried three times, then the failure is the run's
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_a_script_that_says_what_a_failed_set_up_says_runs_once(work: Path) -> None:
+    """A launch is made again only when bubblewrap never started the command (it never
+    read its --block-fd), not because of what a script writes and how it exits."""
+    code = f"""
+        import sys
+        with open("runs", "a") as runs:
+            runs.write("x")
+        sys.stderr.write({SETUP_FAILURE!r} + "\\n")
+        sys.exit(1)
+    """
+    done = run_script(work, code, *BWRAP)
+    result = json.loads(done.stdout)
+    assert (result["status"], result["exit_code"]) == ("error", 1), result
+    assert (work / "runs").read_text() == "x"
 
 
 def without_isolation_variable(**extra: str) -> dict[str, str]:
