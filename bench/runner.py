@@ -90,7 +90,7 @@ def run_cases(cases: Sequence[Case], progress: Progress = _stderr) -> list[Row]:
                     rows[case.id] = _row(case, "not available", reason=str(exc))
                 except Exception as exc:
                     progress(traceback.format_exc())
-                    rows[case.id] = _row(case, "error", reason=f"{type(exc).__name__}: {exc}")
+                    rows[case.id] = _row(case, "error", reason=_reason(exc))
                 spent[case.id] += time.perf_counter() - started
         for case in runnable:
             if case.id not in rows:
@@ -98,7 +98,7 @@ def run_cases(cases: Sequence[Case], progress: Progress = _stderr) -> list[Row]:
                     figures = case.summarize(samples[case.id])
                 except Exception as exc:
                     progress(traceback.format_exc())
-                    rows[case.id] = _row(case, "error", reason=f"{type(exc).__name__}: {exc}")
+                    rows[case.id] = _row(case, "error", reason=_reason(exc))
                 else:
                     rows[case.id] = _row(case, "ok", figures=figures)
             rows[case.id].seconds = spent[case.id]
@@ -115,6 +115,25 @@ def _measure(case: Case, retries: dict[str, int]) -> Sample:
                 raise
             retries[case.id] += 1
     raise AssertionError("unreachable")
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, for a row's ``reason``: an exception group names the distinct
+    errors inside it (a run's failures under load were otherwise only "unhandled errors
+    in a TaskGroup (9 sub-exceptions)", and -q prints no traceback)."""
+    said = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, BaseExceptionGroup):
+        return said
+    leaves: list[str] = []
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        elif (leaf := f"{type(current).__name__}: {current}") not in leaves:
+            leaves.append(leaf)
+    more = f"; and {len(leaves) - 3} more" if len(leaves) > 3 else ""
+    return f"{said}: {'; '.join(leaves[:3])}{more}"
 
 
 def _row(

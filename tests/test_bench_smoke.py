@@ -127,3 +127,23 @@ def test_quick_benchmark_reports_every_row(tmp_path: Path) -> None:
     for target in results["targets"]:
         assert target["status"] in TARGET_STATES, target
         assert target.get("shown") or target.get("reason"), target
+
+
+def test_a_row_that_fails_in_a_task_group_says_what_failed_inside_it() -> None:
+    """A row's error reason names the errors inside an exception group, once each: a
+    failing round under load once said only "unhandled errors in a TaskGroup"."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from bench.runner import _reason
+    finally:
+        sys.path.remove(str(REPO))
+    full = OSError(24, "Too many open files")
+    group = ExceptionGroup(
+        "unhandled errors in a TaskGroup",
+        [full, ExceptionGroup("inner", [OSError(24, "Too many open files"), KeyError("k")])],
+    )
+    assert _reason(group) == (
+        "ExceptionGroup: unhandled errors in a TaskGroup (2 sub-exceptions): "
+        "OSError: [Errno 24] Too many open files; KeyError: 'k'"
+    )
+    assert _reason(ValueError("plain")) == "ValueError: plain"
