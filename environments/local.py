@@ -557,7 +557,7 @@ async def _setup_failure(process: anyio.abc.Process, stderr: Any) -> str:
     with anyio.CancelScope(shield=True):
         with anyio.move_on_after(_LAUNCH_EXIT_SECONDS):
             await process.wait()
-        stream = process.stderr if process.stderr is not None else process.stdout
+        stream = {subprocess.PIPE: process.stderr, subprocess.STDOUT: process.stdout}.get(stderr)
         if stream is not None:
             with anyio.move_on_after(_LAUNCH_EXIT_SECONDS):
                 with suppress(anyio.EndOfStream, anyio.ClosedResourceError):

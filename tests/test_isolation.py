@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from conftest import bwrap_problem, marked_processes, require
 from test_cli import CLI, assert_usage_error, cli, cli_env
@@ -33,8 +34,11 @@ from hermes_sandbox.environments.isolation import (
     ISOLATION_VARIABLE,
     BwrapProbe,
     Isolation,
+    forget_bwrap_probe,
     probe_bwrap,
 )
+from hermes_sandbox.environments.local import LocalEnvironment
+from hermes_sandbox.environments.local_settings import LocalSettings
 
 BWRAP = ["--isolation", "bwrap"]
 
@@ -363,6 +367,39 @@ def test_a_sandbox_bwrap_failed_to_set_up_is_launched_again(
     assert output(done) == "ran\n"  # nothing of the failure in it
     assert "bwrap" not in json.loads(done.stdout).get("error", "")
     assert launches(tmp_path) >= 2
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_a_launch_made_again_keeps_nothing_of_the_failed_one(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exec stream's stderr (a file of its own, read when a relay fails) starts
+    empty on the launch made again: bubblewrap's words are not the script's."""
+    env = failing_bwrap(tmp_path, failures=1)
+    for name in ("PATH", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(name, env[name])
+    forget_bwrap_probe()
+    script = work / "says.py"
+    script.write_text("import sys\nsys.stderr.write('the script said this')\n")
+
+    async def main() -> tuple[bytes, int]:
+        env = LocalEnvironment(LocalSettings(isolation="bwrap"))
+        await env.start()
+        try:
+            stream = await env.open_exec_stream([sys.executable, str(script)], cwd=str(work))
+            code = await stream.wait()
+            tail = stream.stderr_tail
+            await stream.aclose()
+            return tail, code
+        finally:
+            await env.aclose()
+
+    try:
+        tail, code = anyio.run(main)
+    finally:
+        forget_bwrap_probe()  # the real bwrap's, not the wrapper's, for the next tests
+    assert (tail, code) == (b"the script said this", 0)
+    assert launches(tmp_path) == 2
 
 
 @pytest.mark.usefixtures("bwrap")
