@@ -451,19 +451,19 @@ async def open_local(
     whose sandbox bubblewrap could not set up is made again (:data:`_SETUP_ATTEMPTS`),
     which never runs a command twice: it is made again only if the command never
     started. Raises OSError (a ``cwd`` that does not exist)."""
+    start = functools.partial(
+        anyio.open_process,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
+    )
     if not sandboxed:
         lifeline, keep = os.pipe()  # both ends close-on-exec; the child gets one by number
         try:
-            process = await anyio.open_process(
-                launch_argv(argv, lifeline=lifeline),
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,  # a terminal's Ctrl-C goes to the runner only
-                pass_fds=(lifeline,),
-            )
+            process = await start(launch_argv(argv, lifeline=lifeline), pass_fds=(lifeline,))
         except BaseException:
             os.close(keep)
             raise
@@ -472,16 +472,7 @@ async def open_local(
         return _Launch(process, keep)
     for attempt in range(1, _SETUP_ATTEMPTS + 1):
         with _Gate() as gate:
-            process = await anyio.open_process(
-                gate.argv(argv),
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                pass_fds=(gate.read_end,),
-            )
+            process = await start(gate.argv(argv), pass_fds=(gate.read_end,))
             gate.given()
             try:
                 if attempt == _SETUP_ATTEMPTS or await gate.passed():
