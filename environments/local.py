@@ -482,7 +482,7 @@ async def open_local(
                 with anyio.CancelScope(shield=True):
                     await _Launch(process, None).kill(0)
                 raise
-        log.info("bwrap could not set the sandbox up (%s); launching again", said)
+        log.warning("bwrap could not set the sandbox up (%s); launching again", said)
     raise AssertionError("unreachable")  # the last attempt returns
 
 
