@@ -58,9 +58,10 @@ class LeaderFollowers:
 
     Invariants: only the holder of the read turn (``_read_lock``, which the hand-off
     watch may release on behalf of a thread running a call) calls :meth:`_read` and
-    takes from ``_ready``; ``_lent`` is true while the turn's holder runs a call with
-    it, and only the thread that clears it under ``_state`` (the holder when its call
-    is done, or the watch) decides who has the turn next; :meth:`_release` runs once,
+    takes from ``_ready``; ``_lent`` is the loan of the turn to the call its holder
+    runs (a token of that call's own), and only the thread that clears it under
+    ``_state`` (the holder when its call is done, or the watch) decides who has the
+    turn next; :meth:`_release` runs once,
     when the last of the source's threads and calls has finished, so no thread ever
     uses a released (possibly reused) descriptor. :meth:`shut` wakes every thread
     blocked reading.
@@ -81,7 +82,10 @@ class LeaderFollowers:
         # not inside a call (counted from their start).
         self._readers = 0
         self._calls = 0  # requests taken and not yet answered (in threads or on the loop)
-        self._lent = False  # the turn's holder runs a call with it
+        # The loan of the turn to the call its holder runs (None: not lent): a token of
+        # that call's own, so a thread whose call lost the turn to the watch can never
+        # take the loan of the next holder's call for its own when it returns.
+        self._lent: object | None = None
         self._lent_calls = 0  # calls run with the turn lent so far: the watch's clock
         self._watched = False  # the watch looks at this source each tick
         # Requests handed to the loop (_call_soon) and not yet queued there: the loop may
@@ -193,10 +197,11 @@ class LeaderFollowers:
             if not isinstance(request, Request):
                 self._send(request, tag)
                 continue
+            loan = object()
             with self._state:
                 self._calls += 1
                 self._readers -= 1
-                self._lent = True
+                self._lent = loan
                 self._lent_calls += 1
                 watch = not self._watched
                 self._watched = True
@@ -209,7 +214,9 @@ class LeaderFollowers:
             with self._state:
                 if done:
                     self._calls -= 1
-                kept, self._lent = self._lent, False
+                kept = self._lent is loan
+                if kept:
+                    self._lent = None
                 reading = not self.closed
                 if reading:
                     self._readers += 1
@@ -231,9 +238,9 @@ class LeaderFollowers:
         given, else whichever) and leave it to a follower: one waiting takes it, or one
         is started while the source and the run have room."""
         with self._state:
-            if not self._lent or (calls is not None and calls != self._lent_calls):
+            if self._lent is None or (calls is not None and calls != self._lent_calls):
                 return  # that call is done: its thread kept the turn
-            self._lent = False
+            self._lent = None
             self._read_lock.release()
         self._spawn_follower()
 
@@ -407,7 +414,7 @@ class _HandOffWatch:
         for source, seen in list(self._sources.items()):
             with source._state:
                 calls = source._lent_calls
-                if calls == seen and not source._lent:
+                if calls == seen and source._lent is None:
                     source._watched = False
                     del self._sources[source]
                     continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import struct
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 import pytest
@@ -209,7 +211,7 @@ def test_a_forked_child_starts_a_watch_of_its_own() -> None:
 
     class Quiet:  # a source with no call: the watch drops it at its second tick
         _state = threading.Lock()
-        _lent = False
+        _lent = None
         _lent_calls = 0
         _watched = True
 
@@ -394,3 +396,93 @@ async def _end_amid_calls_to_the_loop(path: str, calls: int) -> None:
         finally:
             client.close()
     await wait_until(lambda: server.connections == 0, f"released, cut after {calls} calls")
+
+
+class QueueSource(threaded.LeaderFollowers):
+    """A source of requests put in a queue, its replies kept in a list: the smallest
+    transport of rpc/threaded.py, for driving the read turn by hand. It never joins the
+    hand-off watch (``_watched`` from the start): the test takes the turn from a call
+    itself, as the watch's tick would (``_hand_on``)."""
+
+    def __init__(self, server: RPCServer, tasks: anyio.abc.TaskGroup) -> None:
+        super().__init__(server, tasks)
+        self._watched = True
+        self.queue: queue.Queue[Request | None] = queue.Queue()
+        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def _read(self) -> bool:
+        item = self.queue.get()
+        if item is None:
+            return False
+        self._ready.append((item, None))
+        return True
+
+    def _send(self, reply: Any, tag: Any) -> None:
+        if not self.closed:
+            self.replies.put(reply)
+
+    def _wake_readers(self) -> None:
+        self.queue.put(None)
+
+
+class TwoLatches:
+    """Sync tools ``block1`` and ``block2``, each waiting for its own latch; ``echo``."""
+
+    def __init__(self) -> None:
+        self.release = {"block1": threading.Event(), "block2": threading.Event()}
+        self.entered = {"block1": threading.Event(), "block2": threading.Event()}
+
+    def answer_blocking(self, request: Request) -> str | None:
+        if request.tool in self.release:
+            self.entered[request.tool].set()
+            self.release[request.tool].wait(60)
+        return json.dumps({"tool": request.tool})
+
+    async def __call__(self, request: Request) -> str:
+        raise AssertionError("no tool of these runs on the loop")
+
+
+async def test_a_call_that_lost_the_turn_never_ends_the_next_holders_loan() -> None:
+    """The turn is taken from a blocked call and a follower runs the next call with it
+    lent; when the first call returns, its thread must wait for the turn, not read
+    beside the follower's call (which holds the turn until it is done or taken)."""
+    before = set(threading.enumerate())
+    handler = TwoLatches()
+    server = RPCServer(handler, token=TOKEN)
+
+    def take(timeout: float = SETTLE_SECONDS) -> str:
+        return str(json.loads(source.replies.get(timeout=timeout)["result"])["tool"])
+
+    async with anyio.create_task_group() as tasks:
+        source = QueueSource(server, tasks)
+        tasks.start_soon(source.run_later)
+        source.start()
+        try:
+            source.queue.put(Request(1, "block1", {}, TOKEN))
+            assert await anyio.to_thread.run_sync(handler.entered["block1"].wait, 10)
+            source._hand_on()  # as the watch does with a call that runs a whole tick
+            source.queue.put(Request(2, "block2", {}, TOKEN))  # the follower's call
+            assert await anyio.to_thread.run_sync(handler.entered["block2"].wait, 10)
+            handler.release["block1"].set()
+            assert await anyio.to_thread.run_sync(take) == "block1"
+            source.queue.put(Request(3, "echo", {}, TOKEN))
+            # block2 still holds the turn: nothing reads the echo until it is done.
+            with pytest.raises(queue.Empty):
+                await anyio.to_thread.run_sync(take, 0.3)
+            assert source.calls_in_flight == 1
+            handler.release["block2"].set()
+            assert {await anyio.to_thread.run_sync(take) for _ in range(2)} == {"block2", "echo"}
+        finally:
+            for latch in handler.release.values():
+                latch.set()
+            source.shut()
+            source.close_later()
+        with anyio.fail_after(SETTLE_SECONDS):
+            await source.ended.wait()
+        tasks.cancel_scope.cancel()
+    await wait_until(lambda: not [t for t in new_threads_named(before, "hermes-rpc")], "ended")
+    assert source.calls_in_flight == 0
+
+
+def new_threads_named(before: set[threading.Thread], name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.is_alive() and t.name == name]
