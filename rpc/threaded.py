@@ -61,10 +61,9 @@ class LeaderFollowers:
     takes from ``_ready``; ``_lent`` is the loan of the turn to the call its holder
     runs (a token of that call's own), and only the thread that clears it under
     ``_state`` (the holder when its call is done, or the watch) decides who has the
-    turn next; :meth:`_release` runs once,
-    when the last of the source's threads and calls has finished, so no thread ever
-    uses a released (possibly reused) descriptor. :meth:`shut` wakes every thread
-    blocked reading.
+    turn next; :meth:`_release` runs once, when the last of the source's threads and
+    calls has finished, so no thread ever uses a released (possibly reused)
+    descriptor. :meth:`shut` wakes every thread blocked reading.
     """
 
     thread_name = "hermes-rpc"
