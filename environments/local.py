@@ -82,7 +82,6 @@ _SETUP_ATTEMPTS = 3
 # How long a launch watches bubblewrap's set-up before it stops looking: a set-up that
 # hangs (an unreachable automount) is then the run's timeout's, as any hang is.
 _SETUP_SECONDS = 10.0
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module from Python 3.10 on Linux only
 SUPERVISOR_PATH = os.path.join(os.path.dirname(_proctree.__file__), "_supervisor.py")
 
 
@@ -497,7 +496,7 @@ class _Gate:
     def __init__(self) -> None:
         self.read_end, self._write_end = os.pipe2(os.O_CLOEXEC | os.O_DIRECT)
         try:
-            fcntl.fcntl(self._write_end, _F_SETPIPE_SZ, 1)  # one page: a single slot
+            fcntl.fcntl(self._write_end, fcntl.F_SETPIPE_SZ, 1)  # one page: a single slot
             os.write(self._write_end, b"\0")  # the one packet: the pipe is full
         except BaseException:
             self.close()
