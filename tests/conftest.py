@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 
@@ -299,6 +300,18 @@ def ssh_server_from_service() -> tuple[dict[str, str] | None, str]:
             if name.startswith("HERMES_TEST_SSH_"):
                 values[name[len("HERMES_TEST_SSH_") :]] = value
     return values, f"{SSHD_SERVICE} printed no HERMES_TEST_SSH_* exports: {done.stdout!r}"
+
+
+async def read_relay_slowly(session: Any) -> tuple[bytes, int]:
+    """All of a relay session's stdout, read with a pause after each chunk (a slow
+    reader: the channel must pause its reading), and the session's exit status; fails
+    after 30 s."""
+    got = b""
+    with anyio.fail_after(30):
+        async for chunk in session.stdout:
+            got += chunk
+            await anyio.sleep(0.001)
+        return got, await session.wait()
 
 
 def require(problem: str | None, what: str) -> None:

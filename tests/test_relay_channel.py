@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import msgpack
 import pytest
+from conftest import read_relay_slowly
 
 from hermes_sandbox.rpc import relay as host_relay
 from hermes_sandbox.rpc.framing import FrameDecoder
@@ -440,12 +441,8 @@ async def test_host_answers_a_relayed_call_in_the_loops_reader_callback() -> Non
     thread.start()
     try:
         async with host_relay.RelaySession(NonBlockingSocketStream(host), server) as session:
-            got = b""
-            with anyio.fail_after(30):
-                async for chunk in session.stdout:
-                    got += chunk
-                    await anyio.sleep(0.001)  # a slow reader: the channel must pause
-                assert await session.wait() == 0
+            got, status = await read_relay_slowly(session)
+            assert status == 0
     finally:
         thread.join(30)
         peer.close()

@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
-from conftest import ssh_server_from_environment, ssh_server_from_service
+from conftest import read_relay_slowly, ssh_server_from_environment, ssh_server_from_service
 
 import hermes_sandbox.environments.ssh.connection as ssh_connection
 from hermes_sandbox import SettingError, execute_code, execute_code_async
@@ -1616,12 +1616,8 @@ put({encode_frame({"op": "exit", "code": 0})!r})
 
         stream.pause_reading = noting_pause  # type: ignore[method-assign]
         async with host_relay.RelaySession(stream, RPCServer(answers, token=token)) as session:
-            got = b""
-            with anyio.fail_after(30):
-                async for chunk in session.stdout:
-                    got += chunk
-                    await anyio.sleep(0.001)  # a slow reader: the channel must pause
-                assert await session.wait() == 0
+            got, status = await read_relay_slowly(session)
+            assert status == 0
     assert got == b"".join(b"%d\n" % i for i in range(outputs))
     assert [n for n, _ in answers.answered] == ["0", "1", "2", "3", "4"]
     assert True in paused_on  # paused from the transport thread
