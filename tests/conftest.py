@@ -245,18 +245,25 @@ def wait_for_pids() -> Callable[..., list[int]]:
 
 
 @contextlib.contextmanager
-def removing_stages_of_vanished_fake_sandboxes() -> Iterator[None]:
+def removing_stages_of_vanished_fake_sandboxes(marker: str) -> Iterator[None]:
     """For tests that make a fake cloud sandbox vanish mid-run: the fake's "sandbox" is
     this machine, so the run's stage directory outlives it (a real sandbox takes its
     files with it, and the runner can no longer remove them). Remove what such a run
-    left in the temp directory."""
+    left in the temp directory: a new stage whose script holds ``marker`` (a path or
+    token unique to the test). Another test run on this machine at the same time (a
+    second pytest worker) makes stages here too, live ones: they are left alone."""
     pattern = os.path.join(tempfile.gettempdir(), "hermes-sandbox-[0-9a-f]*")
     before = set(glob.glob(pattern))
     try:
         yield
     finally:
         for path in set(glob.glob(pattern)) - before:
-            shutil.rmtree(path, ignore_errors=True)
+            try:
+                script = Path(path, "script.py").read_text(errors="replace")
+            except OSError:
+                continue
+            if marker in script:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 # -- services a test needs -------------------------------------------------------------

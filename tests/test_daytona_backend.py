@@ -1144,7 +1144,7 @@ def test_a_run_whose_sandbox_disappears(cloud: FakeDaytonaCloud, tmp_path: Path)
     deleter.start()
     started = time.monotonic()
     try:
-        with removing_stages_of_vanished_fake_sandboxes():
+        with removing_stages_of_vanished_fake_sandboxes(str(ready)):
             result = run_daytona(
                 f"import time; open({str(ready)!r}, 'w').close(); time.sleep(300)", tmp_path
             )

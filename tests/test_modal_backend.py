@@ -1116,7 +1116,7 @@ def test_a_sandbox_dying_mid_run_ends_the_run_with_a_result_that_says_so(
     flag = tmp_path / "started"
     watcher = _vanish_when_started(fake, flag)
     started = time.monotonic()
-    with removing_stages_of_vanished_fake_sandboxes():
+    with removing_stages_of_vanished_fake_sandboxes(str(flag)):
         result = modal_run(
             f"""
             import os, subprocess, time
