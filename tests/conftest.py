@@ -92,6 +92,55 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+# -- running the suite in several processes (pytest-xdist, scripts/test) ----------------
+#
+# Every check above is this test's own (its tag, its containers' RUN_ID, its tmp_path),
+# so tests run side by side in several workers, but for two kinds, each kept to one
+# worker, one test after another, as one unit of work for xdist's scheduler (its own
+# ``xdist_group`` mark cannot do it with pytest 9.2, which ignores the node id xdist
+# rewrites):
+# - those that log in to the test sshd: one that must leave nothing behind there counts
+#   the test user's processes and stage directories, and an orphan (a process whose ssh
+#   client died, as a killed runner leaves one until its test ends it) cannot be told
+#   from another test's. The benchmark's smoke test logs in too.
+# - those that build this checkout's wheel and fresh venvs of it (session fixtures, made
+#   once per worker: half a minute each).
+SSH_UNIT, SSH_FILES = "ssh", ("tests/test_ssh_backend.py::", "tests/test_bench_smoke.py::")
+VENV_UNIT, VENV_FILES = "venvs", ("tests/test_namespace.py::", "tests/test_hermes_agent_tools.py::")
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: ``ssh`` for a test of the ssh backend's file
+    or the benchmark's, or one whose parameters name an ssh target (``[ssh]``,
+    ``[ssh-relay]``, ``[ssh-relay-exit-code]``); ``venvs``; else its own."""
+    _, bracket, params = nodeid.partition("[")
+    if nodeid.startswith(SSH_FILES) or (bracket and "ssh" in params.rstrip("]").split("-")):
+        return SSH_UNIT
+    if nodeid.startswith(VENV_FILES):
+        return VENV_UNIT
+    return nodeid
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is a test dependency; without it the suite runs in one
+    LoadScopeScheduling = None
+
+if LoadScopeScheduling is not None:
+
+    class SharedUnits(LoadScopeScheduling):
+        """``--dist load`` (each test a unit of its own) but for the units above, handed
+        out first, the largest first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "load":
+            return None  # another --dist the user asked for: xdist's own
+        return SharedUnits(config, log)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _own_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The suite's caches (the bwrap probe's, the tool scans') go to a directory of its
