@@ -12,6 +12,9 @@
   of the processes a script started.
 - ``tool_env``, ``workspace`` and ``tool_ctx`` (from tests/toolcalls.py): a tool's
   context on a real LocalEnvironment, for calling tools through the registry.
+- The suite runs in several pytest-xdist workers (scripts/test), so a test's checks must
+  be its own, never machine-wide counts; the tests that cannot tell their own apart
+  (the ssh server's) are kept to one worker (``unit_of``).
 """
 
 from __future__ import annotations
