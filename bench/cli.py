@@ -1,4 +1,4 @@
-"""The command line: ``scripts/bench [--quick] [--output FILE] [--markdown FILE]``."""
+"""The command line: ``scripts/bench [--quick] [--repeat N] [--output FILE] [--markdown FILE]``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,16 @@ DEFAULT_OUTPUT = "bench-results.json"
 RESULTS_VERSION = 1
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scripts/bench",
@@ -34,6 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         default=DEFAULT_OUTPUT,
         help=f"where to write the figures as JSON (default: {DEFAULT_OUTPUT})",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help=(
+            "run the selected cases N times, whole passes one after another, and report "
+            "each target's median, range and passes met over them (default: 1)"
+        ),
     )
     parser.add_argument("--markdown", help="also write the tables as Markdown to this file")
     parser.add_argument(
@@ -64,28 +84,53 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.monotonic()
     about = machine.describe()
+    passes: list[dict[str, Any]] = []
     try:
-        rows = run_cases(cases, progress)
+        for number in range(1, opts.repeat + 1):
+            if opts.repeat > 1:
+                progress(f"=== pass {number} of {opts.repeat}")
+            pass_started = time.monotonic()
+            rows = run_cases(cases, progress)
+            passes.append(
+                {
+                    "duration_s": round(time.monotonic() - pass_started, 1),
+                    "rows": rows,
+                    "targets": targets.evaluate(rows),
+                }
+            )
     finally:
         subject.cleanup()
     about["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    last = passes[-1]
     results: dict[str, Any] = {
         "version": RESULTS_VERSION,
         "machine": about,
         "settings": settings.to_dict(),
         "duration_s": round(time.monotonic() - started, 1),
-        "rows": [row.to_dict() for row in rows],
-        "targets": targets.evaluate(rows),
+        # With --repeat, the tables and "rows" are the last pass's; "passes" keeps
+        # every pass and "targets" summarizes each target over them.
+        "rows": [row.to_dict() for row in last["rows"]],
+        "targets": last["targets"],
     }
+    if opts.repeat > 1:
+        results["repeat"] = opts.repeat
+        results["passes"] = [{**p, "rows": [row.to_dict() for row in p["rows"]]} for p in passes]
+        results["targets"] = targets.summarize([p["targets"] for p in passes])
     with open(opts.output, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
-    print(report.render_text(results, rows))
+    print(report.render_text(results, last["rows"]))
     print(f"\nFigures written to {opts.output} ({results['duration_s']} s).")
     if opts.markdown:
         with open(opts.markdown, "w", encoding="utf-8") as f:
-            f.write(report.render_markdown(results, rows) + "\n")
-    errors = [row for row in rows if row.status == "error"]
-    for row in errors:
-        print(f"error in {row.id}: {row.reason}", file=sys.stderr)
+            f.write(report.render_markdown(results, last["rows"]) + "\n")
+    errors = [
+        (number, row)
+        for number, p in enumerate(passes, 1)
+        for row in p["rows"]
+        if row.status == "error"
+    ]
+    for number, row in errors:
+        where = f" (pass {number} of {opts.repeat})" if opts.repeat > 1 else ""
+        print(f"error in {row.id}{where}: {row.reason}", file=sys.stderr)
     return 1 if errors else 0

@@ -273,22 +273,33 @@ def tables(rows: Sequence[Row], settings: dict[str, Any]) -> list[Table]:
     return out
 
 
-def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
+def _over_passes(results: dict[str, Any]) -> str:
+    """The title of the targets over several passes; empty for a single pass."""
+    if "passes" not in results:
+        return ""
+    return (
+        f"over {len(results['passes'])} passes (met or missed by the median; "
+        "range: lowest to highest pass)"
+    )
+
+
+def target_lines(targets: Sequence[dict[str, Any]], over: str = "") -> list[str]:
     marks = {"met": "[met]   ", "missed": "[MISSED]", "not available": "[n/a]   "}
-    out = ["Targets"]
+    out = ["Targets" + (f" {over}" if over else "")]
     for t in targets:
         out.append(f"  {marks[t['status']]} {t['description']}")
-        if t["status"] == "not available":
-            out.append(f"           {t['reason']}")
-        else:
+        if "shown" in t:
             out.append(f"           {t['shown']}   target: {t['target']}")
+        if "reason" in t:  # over several passes, a target can have both
+            out.append(f"           {t['reason']}")
     return out
 
 
-def target_markdown(targets: Sequence[dict[str, Any]]) -> str:
-    out = ["| target | figure | limit | result |", "| --- | --- | --- | --- |"]
+def target_markdown(targets: Sequence[dict[str, Any]], over: str = "") -> str:
+    figure = "figure" if not over else "median, range, passes met"
+    out = [f"| target | {figure} | limit | result |", "| --- | --- | --- | --- |"]
     for t in targets:
-        shown = t.get("shown") or t.get("reason", "")
+        shown = "; ".join(t[key] for key in ("shown", "reason") if key in t)
         out.append(f"| {t['description']} | {shown} | {t['target']} | {t['status']} |")
     return "\n".join(out)
 
@@ -301,22 +312,33 @@ def machine_line(machine: dict[str, Any]) -> str:
     )
 
 
+def _last_pass_note(results: dict[str, Any]) -> list[str]:
+    if "passes" not in results:
+        return []
+    count = len(results["passes"])
+    return [f"{count} passes: the tables show the last; the targets are over all {count}."]
+
+
 def render_text(results: dict[str, Any], rows: Sequence[Row]) -> str:
     parts = [f"hermes-sandbox benchmark ({results['settings']['mode']} mode)"]
     parts.append(machine_line(results["machine"]))
     if results["settings"]["mode"] == "quick":
         parts.append("Quick mode: counts too small for the figures to mean anything.")
+    parts += _last_pass_note(results)
     for table in tables(rows, results["settings"]):
         parts.append("")
         parts.append(table.text())
     parts.append("")
-    parts += target_lines(results["targets"])
+    parts += target_lines(results["targets"], _over_passes(results))
     return "\n".join(parts)
 
 
 def render_markdown(results: dict[str, Any], rows: Sequence[Row]) -> str:
     parts = [f"Machine: {machine_line(results['machine'])}. Mode: {results['settings']['mode']}."]
+    parts += _last_pass_note(results)
     for table in tables(rows, results["settings"]):
         parts += ["", table.markdown()]
-    parts += ["", "**Targets**", "", target_markdown(results["targets"])]
+    over = _over_passes(results)
+    parts += ["", "**Targets**" + (f" {over}" if over else ""), ""]
+    parts.append(target_markdown(results["targets"], over))
     return "\n".join(parts)

@@ -4,11 +4,16 @@ A target compares two figures (ours against a baseline measured beside it, or ag
 our own local Unix socket) or one figure against a fixed limit. A missed target is a
 finding to report, not a failure of the benchmark; a target whose rows could not run
 says "not available" and why.
+
+Over several passes of the same cases (``scripts/bench --repeat N``), :func:`summarize`
+takes each target's value in every pass: the median decides met or missed, beside the
+range and the count of passes in which the target was met.
 """
 
 from __future__ import annotations
 
 import operator
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,15 +67,68 @@ class Target:
             values.append(float(row.figures[figure.name]))
         if self.versus:
             value = values[0] / values[1]
-            shown = f"{self.figure.text(values[0])} vs {self.versus.text(values[1])}: {value:.2f}x"
+            shown = f"{self.figure.text(values[0])} vs {self.versus.text(values[1])}: "
         else:
             value = values[0]
-            shown = self.figure.text(value)
+            shown = ""
         result["value"] = round(value, 3)
         result["figures"] = [round(v, 3) for v in values]
-        result["shown"] = shown
-        result["status"] = "met" if _OPS[self.op](value, self.limit) else "missed"
+        result["shown"] = shown + self.value_text(value)
+        result["status"] = "met" if self.meets(value) else "missed"
         return result
+
+    def meets(self, value: float) -> bool:
+        """Whether ``value`` (a ratio, or the figure alone) is within the limit."""
+        return bool(_OPS[self.op](value, self.limit))
+
+    def value_text(self, value: float) -> str:
+        return f"{value:.2f}x" if self.versus else self.figure.text(value)
+
+    def summarize(self, results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """This target over several passes, from what :meth:`evaluate` said in each.
+
+        The status is the median's, over the passes in which the target could be
+        evaluated; ``met_in`` of ``ran_in`` counts the passes that met it, and ``values``
+        holds each pass's value (None where it was not available). A target not available
+        in every pass is "not available", with the last pass's reason.
+
+        Raises ValueError if ``results`` is empty or holds another target's result.
+        """
+        if not results:
+            raise ValueError(f"{self.id}: no passes to summarize")
+        strangers = {r["id"] for r in results} - {self.id}
+        if strangers:
+            raise ValueError(f"{self.id}: results of other targets: {sorted(strangers)}")
+        passes = len(results)
+        values = [r.get("value") if r["status"] != "not available" else None for r in results]
+        ran = [float(v) for v in values if v is not None]
+        summary: dict[str, Any] = {
+            "id": self.id,
+            "description": self.description,
+            "target": results[-1]["target"],
+            "passes": passes,
+            "ran_in": len(ran),
+            "met_in": sum(1 for r in results if r["status"] == "met"),
+            "values": values,
+        }
+        missing = [r for r in results if r["status"] == "not available"]
+        if missing:
+            summary["reason"] = (
+                f"not available in {len(missing)} of {passes} passes: {missing[-1]['reason']}"
+            )
+        if not ran:
+            summary["status"] = "not available"
+            return summary
+        middle = statistics.median(ran)
+        summary["value"] = round(middle, 3)
+        summary["min"] = min(ran)
+        summary["max"] = max(ran)
+        summary["status"] = "met" if self.meets(middle) else "missed"
+        summary["shown"] = (
+            f"median {self.value_text(middle)}, range {self.value_text(min(ran))}"
+            f" to {self.value_text(max(ran))}, met in {summary['met_in']} of {len(ran)} passes"
+        )
+        return summary
 
 
 UNIX_LOCAL_P50 = Figure("rtt.unix.local.c1", "p50_us", " us")
@@ -267,3 +325,23 @@ def build_targets() -> list[Target]:
 def evaluate(rows: Sequence[Row]) -> list[dict[str, Any]]:
     by_id = {row.id: row for row in rows}
     return [target.evaluate(by_id) for target in build_targets()]
+
+
+def summarize(passes: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Each target over several passes: ``passes`` holds one :func:`evaluate` list per
+    pass; the summaries come in the targets' order (see :meth:`Target.summarize`).
+
+    Raises ValueError if a target is in some passes only, or is no target of ours.
+    """
+    by_target: dict[str, list[Mapping[str, Any]]] = {}
+    for results in passes:
+        for result in results:
+            by_target.setdefault(result["id"], []).append(result)
+    known = build_targets()
+    unknown = set(by_target) - {t.id for t in known}
+    if unknown:
+        raise ValueError(f"no such targets: {sorted(unknown)}")
+    partial = sorted(i for i, results in by_target.items() if len(results) != len(passes))
+    if partial:
+        raise ValueError(f"targets not in every one of the {len(passes)} passes: {partial}")
+    return [t.summarize(by_target[t.id]) for t in known if t.id in by_target]

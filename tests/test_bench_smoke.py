@@ -1,15 +1,21 @@
 """The benchmark's quick mode runs end to end and reports every row, so it cannot rot.
 
 The figures of a quick run mean nothing; what is checked is that every case either
-produced figures or said why it is not available, and that the command exits 0.
+produced figures or said why it is not available, and that the command exits 0. With
+``--repeat``, each target's summary over the passes is checked against the passes' own
+values, and the summary function on hand-made results.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -78,6 +84,15 @@ MUST_RUN = [
 TARGET_STATES = {"met", "missed", "not available"}
 
 
+def bench_module(name: str) -> ModuleType:
+    """``bench.<name>``, imported from the repository (the package is not installed)."""
+    sys.path.insert(0, str(REPO))
+    try:
+        return importlib.import_module(f"bench.{name}")
+    finally:
+        sys.path.remove(str(REPO))
+
+
 # A hang guard, not a timing: the quick run takes 60-90 s alone, and much longer on a
 # loaded machine.
 @pytest.mark.timeout(420)
@@ -132,11 +147,7 @@ def test_quick_benchmark_reports_every_row(tmp_path: Path) -> None:
 def test_a_row_that_fails_in_a_task_group_says_what_failed_inside_it() -> None:
     """A row's error reason names the errors inside an exception group, once each: a
     failing round under load once said only "unhandled errors in a TaskGroup"."""
-    sys.path.insert(0, str(REPO))
-    try:
-        from bench.runner import _reason
-    finally:
-        sys.path.remove(str(REPO))
+    _reason = bench_module("runner")._reason
     full = OSError(24, "Too many open files")
     group = ExceptionGroup(
         "unhandled errors in a TaskGroup",
@@ -147,3 +158,150 @@ def test_a_row_that_fails_in_a_task_group_says_what_failed_inside_it() -> None:
         "OSError: [Errno 24] Too many open files; KeyError: 'k'"
     )
     assert _reason(ValueError("plain")) == "ValueError: plain"
+
+
+# Two cheap rows that feed the target unix-1-vs-jsonl.
+REPEAT_ROWS = ["rtt.unix.local.c1", "rtt.baseline.jsonl.c1"]
+
+
+@pytest.mark.timeout(240)
+def test_repeat_runs_whole_passes_and_reports_each_target_over_them(tmp_path: Path) -> None:
+    output = tmp_path / "results.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(BENCH), "--quick", "--quiet", "--repeat", "2"),
+            *("--only", ",".join(REPEAT_ROWS), "--output", str(output)),
+            *("--markdown", str(tmp_path / "results.md")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    results = json.loads(output.read_text())
+    assert results["repeat"] == 2
+    passes = results["passes"]
+    assert len(passes) == 2
+    for one in passes:
+        assert [row["id"] for row in one["rows"]] == REPEAT_ROWS
+        assert all(row["status"] == "ok" for row in one["rows"]), one["rows"]
+    assert results["rows"] == passes[-1]["rows"]
+
+    summaries = {t["id"]: t for t in results["targets"]}
+    assert list(summaries) == [t["id"] for t in passes[0]["targets"]]
+    for target_id, summary in summaries.items():
+        per_pass = [next(t for t in one["targets"] if t["id"] == target_id) for one in passes]
+        values = [t.get("value") for t in per_pass]
+        assert summary["values"] == values
+        ran = [v for v in values if v is not None]
+        assert summary["passes"] == 2 and summary["ran_in"] == len(ran)
+        assert summary["met_in"] == sum(t["status"] == "met" for t in per_pass)
+        if not ran:
+            assert summary["status"] == "not available"
+            assert summary["reason"].startswith("not available in 2 of 2 passes: ")
+            continue
+        assert summary["value"] == pytest.approx(statistics.median(ran), abs=1e-3)
+        assert (summary["min"], summary["max"]) == (min(ran), max(ran))
+    fed = summaries["unix-1-vs-jsonl"]
+    assert fed["ran_in"] == 2
+    assert fed["status"] == ("met" if fed["value"] <= 1.0 else "missed")
+    assert f"met in {fed['met_in']} of 2 passes" in fed["shown"]
+
+    assert "Targets over 2 passes" in done.stdout
+    assert f"met in {fed['met_in']} of 2 passes" in done.stdout
+    markdown = (tmp_path / "results.md").read_text()
+    assert f"met in {fed['met_in']} of 2 passes" in markdown
+
+
+@pytest.mark.parametrize("count", ["0", "-3", "two"])
+def test_repeat_takes_only_a_positive_count(count: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--only", "rtt.unix.local.c1", f"--repeat={count}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    assert "usage: scripts/bench" in done.stderr
+    assert "error: argument --repeat: " in done.stderr, done.stderr
+    assert not (tmp_path / "bench-results.json").exists()
+
+
+def _passed(target_id: str, value: float | None, status: str) -> dict[str, Any]:
+    """One pass's result for a target, as Target.evaluate shapes it."""
+    target = next(t for t in bench_module("targets").build_targets() if t.id == target_id)
+    if value is None:
+        return {
+            "id": target_id,
+            "description": target.description,
+            "target": "ratio <= 1x",
+            "status": "not available",
+            "reason": f"rtt.unix.local.c1: not available: pass {status}",
+        }
+    return {
+        "id": target_id,
+        "description": target.description,
+        "target": "ratio <= 1x",
+        "value": value,
+        "figures": [value, 1.0],
+        "shown": f"{value:.2f}x",
+        "status": status,
+    }
+
+
+def test_a_target_over_passes_is_the_median_with_its_range_and_passes_met() -> None:
+    targets = bench_module("targets")
+    one = "unix-1-vs-jsonl"  # ratio <= 1x
+    passes = [
+        [_passed(one, 0.9, "met")],
+        [_passed(one, 1.3, "missed")],
+        [_passed(one, 0.8, "met")],
+        [_passed(one, 1.2, "missed")],
+    ]
+    (summary,) = targets.summarize(passes)
+    # The median of an even count is the mean of the middle two: (0.9 + 1.2) / 2.
+    assert summary["value"] == pytest.approx(1.05)
+    assert summary["status"] == "missed"
+    assert (summary["min"], summary["max"]) == (0.8, 1.3)
+    assert (summary["passes"], summary["ran_in"], summary["met_in"]) == (4, 4, 2)
+    assert summary["values"] == [0.9, 1.3, 0.8, 1.2]
+    assert summary["shown"] == "median 1.05x, range 0.80x to 1.30x, met in 2 of 4 passes"
+    assert "reason" not in summary
+
+
+def test_a_target_not_available_in_some_passes_counts_the_others() -> None:
+    targets = bench_module("targets")
+    one = "unix-1-vs-jsonl"
+    passes = [
+        [_passed(one, 1.4, "missed")],
+        [_passed(one, None, "2")],
+        [_passed(one, 0.7, "met")],
+    ]
+    (summary,) = targets.summarize(passes)
+    assert summary["values"] == [1.4, None, 0.7]
+    assert (summary["passes"], summary["ran_in"], summary["met_in"]) == (3, 2, 1)
+    assert summary["value"] == pytest.approx(1.05)
+    assert summary["status"] == "missed"
+    assert summary["shown"].endswith("met in 1 of 2 passes")
+    assert summary["reason"] == (
+        "not available in 1 of 3 passes: rtt.unix.local.c1: not available: pass 2"
+    )
+
+
+def test_a_target_not_available_in_every_pass_is_not_available() -> None:
+    targets = bench_module("targets")
+    one = "cell-local"  # a figure alone, no ratio
+    (summary,) = targets.summarize([[_passed(one, None, "1")], [_passed(one, None, "2")]])
+    assert summary["status"] == "not available"
+    assert (summary["passes"], summary["ran_in"], summary["met_in"]) == (2, 0, 0)
+    assert summary["values"] == [None, None]
+    assert "value" not in summary and "shown" not in summary
+    assert summary["reason"].startswith("not available in 2 of 2 passes: ")
+    assert summary["reason"].endswith("pass 2")
+    # Each pass evaluates every target: one missing from a pass is a mistake, not a gap.
+    with pytest.raises(ValueError, match="not in every one of the 2 passes"):
+        targets.summarize([[_passed(one, None, "1")], []])
