@@ -84,6 +84,18 @@ MUST_RUN = [
 TARGET_STATES = {"met", "missed", "not available"}
 
 
+def bench(*args: str, cwd: Path | None = None, timeout: float = 60) -> Any:
+    """scripts/bench with ``args`` in a real process: its CompletedProcess (text)."""
+    return subprocess.run(
+        [sys.executable, str(BENCH), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def bench_module(name: str) -> ModuleType:
     """``bench.<name>``, imported from the repository (the package is not installed)."""
     sys.path.insert(0, str(REPO))
@@ -97,25 +109,13 @@ def bench_module(name: str) -> ModuleType:
 # loaded machine.
 @pytest.mark.timeout(420)
 def test_quick_benchmark_reports_every_row(tmp_path: Path) -> None:
-    listed = subprocess.run(
-        [sys.executable, str(BENCH), "--list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    listed = bench("--list")
+    assert listed.returncode == 0, listed.stderr
     case_ids = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
     assert set(REQUIRED_ROWS) <= set(case_ids)
 
     output = tmp_path / "results.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--quiet", "--output", str(output)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=360,
-        check=False,
-    )
+    done = bench("--quick", "--quiet", "--output", str(output), cwd=tmp_path, timeout=360)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert "Targets" in done.stdout
 
@@ -167,17 +167,11 @@ REPEAT_ROWS = ["rtt.unix.local.c1", "rtt.baseline.jsonl.c1"]
 @pytest.mark.timeout(240)
 def test_repeat_runs_whole_passes_and_reports_each_target_over_them(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, str(BENCH), "--quick", "--quiet", "--repeat", "2"),
-            *("--only", ",".join(REPEAT_ROWS), "--output", str(output)),
-            *("--markdown", str(tmp_path / "results.md")),
-        ],
+    done = bench(
+        *("--quick", "--quiet", "--repeat", "2", "--only", ",".join(REPEAT_ROWS)),
+        *("--output", str(output), "--markdown", str(tmp_path / "results.md")),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=200,
-        check=False,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     results = json.loads(output.read_text())
@@ -217,14 +211,7 @@ def test_repeat_runs_whole_passes_and_reports_each_target_over_them(tmp_path: Pa
 
 @pytest.mark.parametrize("count", ["0", "-3", "two"])
 def test_repeat_takes_only_a_positive_count(count: str, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--only", "rtt.unix.local.c1", f"--repeat={count}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = bench("--quick", "--only", "rtt.unix.local.c1", f"--repeat={count}", cwd=tmp_path)
     assert done.returncode == 2, done
     assert "usage: scripts/bench" in done.stderr
     assert "error: argument --repeat: " in done.stderr, done.stderr
