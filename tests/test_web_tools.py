@@ -193,7 +193,11 @@ def huge_html(request: Request) -> Reply:
 
     def chunks() -> Iterator[bytes]:
         yield b"<html><head><title>Big</title></head><body><h1>Big page</h1><p>Intro.</p>"
-        for _ in range(200):  # 13 MB of script, far past the cap
+        # 65 MB of script, like /huge: past the cap and past what the kernel's socket
+        # buffers take in (4 MB sent, up to 32 MB received here), so a client that stops
+        # at the cap is seen to hang up however slowly it read (with 13 MB, a slow
+        # reader's grown receive buffer took the rest and the server never saw it go).
+        for _ in range(1000):
             yield script
         yield b"<p>NEVER-READ</p></body></html>"
 
