@@ -68,13 +68,11 @@ OTHER = "other (start-up, imports, supervision)"
 
 def _sendall_line() -> str:
     """The frame py-spy shows while the stub is inside sendall: its line in the stub."""
-    from bench.subject import BENCH_TOOLS, bench_registry
-    from hermes_sandbox.stubs import STUB_MODULE, stub_files
+    from hermes_sandbox.stubs import CLIENT_MODULE, program_source
 
-    stub = stub_files(bench_registry().get_definitions(BENCH_TOOLS))[STUB_MODULE]
-    for number, line in enumerate(stub.splitlines(), 1):
+    for number, line in enumerate(program_source("_client.py").splitlines(), 1):
         if "self._sock.sendall(" in line:
-            return f"_Connection.call (hermes_tools.py:{number})"
+            return f"_Connection.call ({CLIENT_MODULE}:{number})"
     return "<no sendall line>"
 
 

@@ -167,6 +167,12 @@ class Runtime(abc.ABC):
     def python(self) -> str:
         """The Python interpreter scripts run with, as a command name or path."""
 
+    @property
+    def runs_this_python(self) -> bool:
+        """Whether scripts run with this process's own interpreter (so code compiled
+        here runs there as it is): known on the local backend; False where not known."""
+        return False
+
     @abc.abstractmethod
     async def execute(
         self, command: str, *, timeout: float | None = None, cwd: str | None = None

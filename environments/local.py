@@ -145,6 +145,11 @@ class LocalEnvironment(Environment, Runtime):
     def python(self) -> str:
         return self._python
 
+    @functools.cached_property
+    def runs_this_python(self) -> bool:
+        found = shutil.which(self._python)
+        return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
     @property
     def default_cwd(self) -> str:
         return os.getcwd()

@@ -45,8 +45,11 @@ from hermes_sandbox.rpc.server import RequestHandler
 from hermes_sandbox.spill import sweep_spill_dir
 from hermes_sandbox.streaming import OutputCallback, StreamedOutput
 from hermes_sandbox.stubs import (
+    CLIENT_MODULE,
     RELAY_MODULE,
     STUB_MODULE,
+    client_code_file,
+    code_file_name,
     relay_code_file,
     relay_source,
     stub_files,
@@ -239,7 +242,7 @@ class Plan:
     options: RunOptions
     registry: ToolRegistry
     tools: list[str]
-    files: Mapping[str, str]
+    files: Mapping[str, bytes]
 
 
 def plan_run(options: RunOptions | None, registry: ToolRegistry | None) -> Plan:
@@ -300,7 +303,10 @@ async def open_stage(
         raise RunError(str(exc)) from None
     log.info("tool calls take the %s transport", transport)
     parent = runtime.shared_directory if transport in SHARED_DIRECTORY_TRANSPORTS else None
-    files = {name: text.encode() for name, text in plan.files.items()}
+    files = dict(plan.files)
+    if runtime.runs_this_python:  # the client compiled here runs there as it is
+        code_name, code = client_code_file()
+        files[code_name] = code
     if needs_relay(transport, runtime):
         files[RELAY_MODULE] = relay_source().encode()
         code_name, code = relay_code_file()  # run instead of the source by a same Python
@@ -603,7 +609,7 @@ async def run_in_stage(
 
 
 def _stub_names(plan: Plan) -> list[str]:
-    return [*plan.files, RELAY_MODULE]
+    return [*plan.files, RELAY_MODULE, code_file_name(CLIENT_MODULE)]
 
 
 def _since(clock: float) -> float:

@@ -1,6 +1,7 @@
 # ---------------------------------------------------------------------------
-# hermes-sandbox RPC client: stdlib-only, Python 3.8+. It is copied verbatim into
-# every generated hermes_tools.py; the protocol it speaks is docs/protocol.md.
+# hermes-sandbox RPC client: stdlib-only, Python 3.8+. Every generated hermes_tools.py
+# runs it in its own namespace (staged as _hermes_client.py, and compiled beside it);
+# the protocol it speaks is docs/protocol.md.
 # ---------------------------------------------------------------------------
 import itertools as _itertools
 import json as _json

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import marshal
 import os
 import re
 import shutil
@@ -34,7 +35,12 @@ from hermes_sandbox.rpc import files as files_transport
 from hermes_sandbox.rpc.files import FileChannel
 from hermes_sandbox.rpc.server import RPCServer
 from hermes_sandbox.rpc.unix import serve_unix_socket
-from hermes_sandbox.stubs.generate import StubError, generate_stub, tool_function_source
+from hermes_sandbox.stubs.generate import (
+    StubError,
+    client_source,
+    generate_stub,
+    tool_function_source,
+)
 from hermes_sandbox.tools.registry import ToolContext, ToolRegistry
 
 TOKEN = "stub-test-token"
@@ -147,11 +153,13 @@ async def serving(socket_dir: str, host: Host) -> AsyncIterator[tuple[str, Count
 
 
 def stage(directory: Path, schemas: list[dict[str, Any]] = SCHEMAS) -> Path:
-    """Write hermes_tools.py and the fallback codec, as the runtime stages them."""
+    """Write hermes_tools.py, the client, its compiled code and the fallback codec, as
+    the runtime stages them for a script run by this Python (another Python, such as
+    PYTHON38, compiles the client's source instead)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "hermes_tools.py").write_text(generate_stub(schemas), encoding="utf-8")
-    codec = Path(stubs.__file__).with_name("_msgpack.py")
-    shutil.copyfile(codec, directory / "_hermes_msgpack.py")
+    code_name, code = stubs.client_code_file()
+    for name, data in {**stubs.stub_files(schemas), code_name: code}.items():
+        (directory / name).write_bytes(data)
     return directory
 
 
@@ -553,6 +561,106 @@ async def test_parameter_named_like_a_client_internal(tmp_path: Path, socket_dir
     assert host.calls == [("dial", {"_call": "555"})]
 
 
+# -- the compiled client ------------------------------------------------------------------
+
+WHICH_CLIENT = """
+import json, hermes_tools
+print(json.dumps({"compiled": getattr(hermes_tools, "_MARK", None)}))
+"""
+
+
+def mark_compiled_client(directory: Path) -> None:
+    """Replace the staged compiled client with one that sets ``_MARK``, so that a script
+    can tell the compiled code from the source (which does not set it)."""
+    code_name, _ = stubs.client_code_file()
+    marked = client_source() + "\n_MARK = 'compiled'\n"
+    code = compile(marked, stubs.CLIENT_MODULE, "exec", dont_inherit=True)
+    (directory / code_name).write_bytes(marshal.dumps(code))
+
+
+@pytest.mark.anyio
+async def test_a_python_with_the_hosts_magic_runs_the_compiled_client(tmp_path: Path) -> None:
+    directory = stage(tmp_path / "stage")
+    mark_compiled_client(directory)
+    completed = await run_python(directory, WHICH_CLIENT, script_env(None))
+    assert completed.result() == {"compiled": "compiled"}
+
+
+@pytest.mark.anyio
+async def test_another_python_compiles_the_clients_source(tmp_path: Path) -> None:
+    """Python 3.8 has another bytecode magic: it finds no code file of its own and
+    compiles the client's source, the marked code beside it left alone."""
+    if not os.access(PYTHON38, os.X_OK):
+        pytest.skip(f"no Python 3.8 interpreter at {PYTHON38}")
+    directory = stage(tmp_path / "stage")
+    mark_compiled_client(directory)
+    completed = await run_python(directory, WHICH_CLIENT, script_env(None), python=PYTHON38)
+    assert completed.result() == {"compiled": None}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated"])
+async def test_a_missing_or_damaged_compiled_client_falls_back_to_the_source(
+    tmp_path: Path, damage: str
+) -> None:
+    directory = stage(tmp_path / "stage")
+    mark_compiled_client(directory)
+    code_file = directory / stubs.client_code_file()[0]
+    if damage == "missing":
+        code_file.unlink()
+    elif damage == "garbage":
+        code_file.write_bytes(b"\xff" * 64)
+    else:
+        code_file.write_bytes(code_file.read_bytes()[:100])
+    completed = await run_python(directory, WHICH_CLIENT, script_env(None))
+    assert completed.result() == {"compiled": None}
+
+
+@pytest.mark.anyio
+async def test_a_traceback_through_the_compiled_client_shows_its_source(tmp_path: Path) -> None:
+    """The compiled client's file name is the staged source's, relative: the traceback
+    of an error raised in it names the file and shows the line, found through
+    sys.path (the script's directory, the stage), wherever the script's cwd is."""
+    directory = stage(tmp_path / "stage")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = f"import os, hermes_tools\nos.chdir({str(elsewhere)!r})\nhermes_tools.json_parse(None)\n"
+    completed = await run_python(directory, code, script_env(None))
+    assert completed.returncode == 1
+    assert f'File "{stubs.CLIENT_MODULE}", line ' in completed.stderr, completed.stderr
+    assert "in json_parse\n    if text.startswith(" in completed.stderr, completed.stderr
+
+
+STAGED = """
+import json, os, sys, hermes_tools
+here = os.path.dirname(hermes_tools.__file__)
+print(json.dumps({"files": sorted(os.listdir(here)), "echo": hermes_tools.echo(text="hi")}))
+"""
+
+
+@pytest.mark.parametrize("python", ["this", "3.8"])
+def test_a_run_stages_the_compiled_client_only_for_this_python(python: str) -> None:
+    """A local run with this process's interpreter gets the compiled client beside the
+    stub; one with another Python (3.8: another magic) only the source, and works."""
+    from hermes_sandbox import execute_code
+    from hermes_sandbox.environments import LocalSettings
+
+    if python == "3.8" and not os.access(PYTHON38, os.X_OK):
+        pytest.skip(f"no Python 3.8 interpreter at {PYTHON38}")
+    registry = ToolRegistry()
+    text = {"text": {"type": "string"}}
+    schema = {"name": "echo", "parameters": {"type": "object", "properties": text}}
+    registry.register("echo", "test", schema, lambda args, **_: json.dumps(args))
+    settings = LocalSettings(python=PYTHON38 if python == "3.8" else None)
+    result = execute_code(STAGED, registry=registry, tools=["echo"], backend=settings)
+    assert result.status == "success", result.to_dict()
+    out = json.loads(result.output)
+    assert out["echo"] == {"text": "hi"}
+    code_name, _ = stubs.client_code_file()
+    assert {stubs.STUB_MODULE, stubs.CLIENT_MODULE, stubs.CODEC_MODULE} <= set(out["files"])
+    assert (code_name in out["files"]) == (python == "this"), out["files"]
+
+
 # -- generate_stub --------------------------------------------------------------------
 
 
@@ -635,7 +743,10 @@ def test_stub_parses_as_python_38() -> None:
     tree = ast.parse(source, feature_version=(3, 8))
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {entry["function"]["name"] for entry in SCHEMAS} <= defined
-    assert {"json_parse", "shell_quote", "retry", "_call"} <= defined
+    client = ast.parse(client_source(), feature_version=(3, 8))  # the stub runs it
+    assert {"json_parse", "shell_quote", "retry", "_call"} <= {
+        n.name for n in client.body if isinstance(n, ast.FunctionDef)
+    }
     exported = next(
         n.value
         for n in tree.body
