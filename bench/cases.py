@@ -35,7 +35,7 @@ Probe = Callable[[], "str | None"]
 
 SECTIONS = {
     "rtt": "1. Tool-call round trip, echo tool (16-byte payload)",
-    "cold": "3. Cold run of print(1) through the Python API, warm host",
+    "cold": "3. Cold run (print(1) unless the row says) through the Python API, warm host",
     "memory": "4. Host memory while a script prints to stdout",
     "concurrent": "5. Concurrent runs, each making 20 tool calls",
     "payload": "6. Large tool results, round trip",
@@ -416,6 +416,22 @@ def build_cases(settings: Settings) -> list[Case]:
                     params={"backend": b.name},
                 )
             )
+    # What a script that uses a tool pays on top: hermes_tools' import and one call
+    # (no target: the issue's is print(1)'s; docs/benchmarks.md, "A script's import of
+    # hermes_tools (session 15)").
+    for b in local:
+        cases.append(
+            Case(
+                id=f"cold.{b.name}.call",
+                section="cold",
+                label=f"import hermes_tools, one echo call / {b.name}",
+                measure=partial(subject.run_cold, b.options(), s.cold_runs, call=True),
+                summarize=_summarize_cold,
+                rounds=s.cold_rounds,
+                probe=b.probe,
+                params={"backend": b.name, "call": True},
+            )
+        )
     # The command line, a new process each time: a run in it, and a run it sends to a
     # warm named session.
     command_lines = (

@@ -186,21 +186,28 @@ def _interleave_with_bare(
     return {"api_ms": times, "bare_ms": bare_ms, "bare_argv": bare_argv}
 
 
-def run_cold(run_options: Mapping[str, Any], runs: int) -> dict[str, Any]:
-    """``print(1)`` through the API and a bare interpreter, interleaved, ``runs`` each.
+# A cold run as a script that uses a tool makes it: it imports hermes_tools (the client,
+# the codec) and makes one call.
+ONE_CALL = 'from hermes_tools import echo\nprint(echo(msg="1")["msg"])\n'
+
+
+def run_cold(run_options: Mapping[str, Any], runs: int, *, call: bool = False) -> dict[str, Any]:
+    """``print(1)`` (with ``call``, :data:`ONE_CALL`) through the API and a bare
+    interpreter's ``print(1)``, interleaved, ``runs`` each.
 
     One untimed run first, so the host process is warm (imports, stub cache).
     """
-    warm = _execute("print(1)", run_options, tools=())
+    code, tools = (ONE_CALL, ("echo",)) if call else ("print(1)", ())
+    warm = _execute(code, run_options, tools=tools)
     if warm.output.strip() != "1":
-        raise RuntimeError(f"print(1) printed {warm.output!r}")
+        raise RuntimeError(f"{code!r} printed {warm.output!r}")
 
     def api() -> None:
-        result = _execute("print(1)", run_options, tools=())
+        result = _execute(code, run_options, tools=tools)
         if _killed(result):
-            raise ScriptKilled(f"print(1) was killed (exit code {result.exit_code})")
+            raise ScriptKilled(f"{code!r} was killed (exit code {result.exit_code})")
         if result.status != "success" or result.output.strip() != "1":
-            raise RuntimeError(f"print(1) through the API gave {result.to_dict()}")
+            raise RuntimeError(f"{code!r} through the API gave {result.to_dict()}")
 
     return _interleave_with_bare(api, runs, _standby_settle(run_options))
 
