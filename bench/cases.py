@@ -397,18 +397,23 @@ def build_cases(settings: Settings) -> list[Case]:
     local = [b for b in BACKENDS if b.name == "local"]
     # A persistent interpreter: its round trip and its start (docker: in a running container).
     cell = [b for b in BACKENDS if b.name in ("local", "docker")]
+    # cold.local.call: what a script that uses a tool pays over print(1), hermes_tools'
+    # import and one call (no target: the issue's is print(1)'s; docs/benchmarks.md, "A
+    # script's import of hermes_tools (session 15)").
+    one_call = partial(subject.run_cold, call=True)
     paired = [
-        ("cold", subject.run_cold, _summarize_cold, BACKENDS),
-        ("warm", subject.run_warm, _summarize_warm, local),
-        ("cell", subject.run_cell, _summarize_cell, cell),
+        ("cold", "", "print(1)", subject.run_cold, _summarize_cold, BACKENDS),
+        ("cold", ".call", "import hermes_tools, one echo call", one_call, _summarize_cold, local),
+        ("warm", "", "print(1)", subject.run_warm, _summarize_warm, local),
+        ("cell", "", "print(1)", subject.run_cell, _summarize_cell, cell),
     ]
-    for section, measure, summarize, backends in paired:
+    for section, suffix, what, measure, summarize, backends in paired:
         for b in backends:
             cases.append(
                 Case(
-                    id=f"{section}.{b.name}",
+                    id=f"{section}.{b.name}{suffix}",
                     section=section,
-                    label=f"print(1) / {b.name}",
+                    label=f"{what} / {b.name}",
                     measure=partial(measure, b.options(), s.cold_runs),
                     summarize=summarize,
                     rounds=s.cold_rounds,
@@ -416,22 +421,6 @@ def build_cases(settings: Settings) -> list[Case]:
                     params={"backend": b.name},
                 )
             )
-    # What a script that uses a tool pays on top: hermes_tools' import and one call
-    # (no target: the issue's is print(1)'s; docs/benchmarks.md, "A script's import of
-    # hermes_tools (session 15)").
-    for b in local:
-        cases.append(
-            Case(
-                id=f"cold.{b.name}.call",
-                section="cold",
-                label=f"import hermes_tools, one echo call / {b.name}",
-                measure=partial(subject.run_cold, b.options(), s.cold_runs, call=True),
-                summarize=_summarize_cold,
-                rounds=s.cold_rounds,
-                probe=b.probe,
-                params={"backend": b.name, "call": True},
-            )
-        )
     # The command line, a new process each time: a run in it, and a run it sends to a
     # warm named session.
     command_lines = (
