@@ -273,19 +273,22 @@ def test_killing_the_runner_takes_the_sandbox_and_its_stage_with_it(work: Path) 
     )
     temp = work.parent / "tmp"  # where the run's stage is made
     temp.mkdir()
-    runner = subprocess.Popen(
-        [*CLI, "run", str(script), "--cwd", str(work), *BWRAP],
-        cwd=work,
-        env={**cli_env(work), "TMPDIR": str(temp)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    said = work.parent / "runner-output"  # what the runner printed, if it ends early
+    with said.open("wb") as out:
+        runner = subprocess.Popen(
+            [*CLI, "run", str(script), "--cwd", str(work), *BWRAP],
+            cwd=work,
+            env={**cli_env(work), "TMPDIR": str(temp)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while not (work / "started").exists():
             assert time.monotonic() < deadline, "the script did not start"
-            assert runner.poll() is None, "the runner ended early"
+            if runner.poll() is not None:
+                pytest.fail(f"the runner ended early ({runner.returncode}): {said.read_text()}")
             time.sleep(0.05)
         assert marked_processes(), "the script's processes are not found by their tag"
         runner.send_signal(signal.SIGKILL)
