@@ -1,6 +1,7 @@
 # ---------------------------------------------------------------------------
 # hermes-sandbox RPC client: stdlib-only, Python 3.8+. Every generated hermes_tools.py
-# runs it in its own namespace (staged as _hermes_client.py, and compiled beside it);
+# runs it in its own namespace (staged as _hermes_client.py; also compiled, where the
+# sandbox runs the host's own Python: stubs/generate.py, client_code_file);
 # the protocol it speaks is docs/protocol.md.
 # ---------------------------------------------------------------------------
 import itertools as _itertools
