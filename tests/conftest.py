@@ -46,6 +46,7 @@ import hermes_sandbox.environments.docker.environment as docker_backend
 import hermes_sandbox.environments.docker.settings as docker_settings
 from hermes_sandbox import ExecutionResult, execute_code
 from hermes_sandbox.environments.isolation import ISOLATION_VARIABLE, probe_bwrap
+from hermes_sandbox.runner import SCRIPT_NAME
 
 try:
     import docker
@@ -296,6 +297,18 @@ def wait_for_pids() -> Callable[..., list[int]]:
     return _wait
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh private directory with a short path, under /tmp: a Unix socket made in it
+    (or in a stage made in it) stays under the 107-byte limit of its path, which one
+    under tmp_path can pass (more so in a pytest-xdist worker: .../popen-gwN/...)."""
+    path = Path(tempfile.mkdtemp(prefix="hs-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def removing_stages_of_vanished_fake_sandboxes(marker: str) -> Iterator[None]:
     """For tests that make a fake cloud sandbox vanish mid-run: the fake's "sandbox" is
@@ -311,7 +324,7 @@ def removing_stages_of_vanished_fake_sandboxes(marker: str) -> Iterator[None]:
     finally:
         for path in set(glob.glob(pattern)) - before:
             try:
-                script = Path(path, "script.py").read_text(errors="replace")
+                script = Path(path, SCRIPT_NAME).read_text(errors="replace")
             except OSError:
                 continue
             if marker in script:

@@ -49,18 +49,6 @@ def bwrap() -> None:
 
 
 @pytest.fixture
-def short_temp() -> Iterator[Path]:
-    """A fresh directory with a short path, for a TMPDIR a run makes its stage and its
-    Unix socket in: under tmp_path (in a pytest-xdist worker, .../popen-gwN/...) the
-    socket's path can pass the 107-byte limit, and the run fail to start."""
-    path = Path(tempfile.mkdtemp(prefix="hiso-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 def work(tmp_path: Path) -> Path:
     """The script's working directory, inside the test's directory."""
     path = tmp_path / "work"
@@ -275,7 +263,7 @@ def test_an_interpreter_in_a_hidden_home_still_runs(work: Path, home_dir: Path) 
 
 @pytest.mark.usefixtures("bwrap")
 def test_killing_the_runner_takes_the_sandbox_and_its_stage_with_it(
-    work: Path, short_temp: Path
+    work: Path, short_dir: Path
 ) -> None:
     script = work.parent / "sleeper.py"
     script.write_text(
@@ -285,7 +273,7 @@ def test_killing_the_runner_takes_the_sandbox_and_its_stage_with_it(
         "open('started', 'w').close()\n"
         "time.sleep(300)\n"
     )
-    temp = short_temp  # where the run's stage is made, with the socket in it
+    temp = short_dir  # where the run's stage is made, with the socket in it
     said = work.parent / "runner-output"  # what the runner printed, if it ends early
     with said.open("wb") as out:
         runner = subprocess.Popen(

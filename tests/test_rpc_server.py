@@ -10,14 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import socket
 import stat
 import struct
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -46,13 +45,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def socket_dir() -> Iterator[str]:
-    # A short private directory: pytest's tmp_path can exceed the 107-byte sun_path.
-    path = tempfile.mkdtemp(prefix="hrpc-")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def socket_dir(short_dir: Path) -> str:
+    return str(short_dir)  # a socket's path in it stays under the 107-byte limit
 
 
 # -- the wire, by hand --------------------------------------------------------------

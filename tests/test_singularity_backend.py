@@ -24,7 +24,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -189,14 +188,6 @@ def singularity_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     fake = _install(tmp_path, monkeypatch, "singularity")
     yield fake
     _check_nothing_left(fake)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory under /tmp: a shared_dir must leave room for a socket path."""
-    path = Path(tempfile.mkdtemp(prefix="hs-sg-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def make_env(fake: FakeCLI, **settings: Any) -> SingularityEnvironment:
